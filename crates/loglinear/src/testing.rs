@@ -1,0 +1,203 @@
+//! Helpers to check one implementation against another: an independent plain-Rust float64
+//! reference of the definition, a forward-and-backward runner for any [`Form`], and a
+//! comparison that reports what differs.
+
+use burn::prelude::*;
+use burn::tensor::DType;
+
+use crate::fenwick;
+use crate::ops::{FenwickState, Form, LogLinearInput, log_linear_attn};
+
+/// Host copy of a tensor as `f64` values (any float dtype).
+pub fn to_f64<const D: usize>(x: &Tensor<D>) -> Vec<f64> {
+    x.to_data()
+        .try_into_vec_as::<f64>()
+        .expect("tensor data as f64")
+}
+
+/// How far `got` is from `reference`: the largest absolute difference divided by the largest
+/// absolute reference value (so 1e-6 means "agrees to six digits of the largest entry"), and
+/// the ratio of RMS values.
+#[derive(Clone, Copy, Debug)]
+pub struct Closeness {
+    /// max |got − ref| / max |ref|.
+    pub max_rel: f64,
+    /// max |got − ref|.
+    pub max_abs: f64,
+    /// rms(got) / rms(ref).
+    pub rms_ratio: f64,
+    /// Whether `got` holds a NaN or infinity.
+    pub non_finite: bool,
+}
+
+/// Compares two equally long value lists (see [`Closeness`]).
+pub fn closeness(reference: &[f64], got: &[f64]) -> Closeness {
+    assert_eq!(reference.len(), got.len(), "closeness: lengths differ");
+    let non_finite = got.iter().any(|x| !x.is_finite());
+    let scale = reference.iter().fold(0f64, |m, x| m.max(x.abs()));
+    let max_abs = reference
+        .iter()
+        .zip(got)
+        .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+    let rms = |v: &[f64]| (v.iter().map(|x| x * x).sum::<f64>() / v.len().max(1) as f64).sqrt();
+    let (rr, rg) = (rms(reference), rms(got));
+    Closeness {
+        max_rel: if scale > 0.0 {
+            max_abs / scale
+        } else {
+            max_abs
+        },
+        max_abs,
+        rms_ratio: if rr > 0.0 {
+            rg / rr
+        } else if rg == 0.0 {
+            1.0
+        } else {
+            f64::INFINITY
+        },
+        non_finite,
+    }
+}
+
+/// Panics with the name, the error figures and the tolerance unless `got` matches `reference`
+/// to `tol` (relative to the largest reference entry). A reference that is all zeros is
+/// refused: comparing two zero tensors proves nothing.
+pub fn assert_close(name: &str, reference: &[f64], got: &[f64], tol: f64) {
+    let c = closeness(reference, got);
+    assert!(!c.non_finite, "{name}: result holds NaN/Inf");
+    assert!(
+        reference.iter().any(|x| *x != 0.0),
+        "{name}: the reference is all zeros, so the comparison proves nothing"
+    );
+    assert!(
+        c.max_rel <= tol,
+        "{name}: max |Δ| = {:.3e} = {:.3e} of max |ref| (tolerance {tol:.1e}), rms ratio {:.6}",
+        c.max_abs,
+        c.max_rel,
+        c.rms_ratio
+    );
+}
+
+/// Host-side inputs in `[B, T, H, ·]` row-major order (the layout of [`LogLinearInput`]).
+#[derive(Clone, Debug)]
+pub struct HostInput {
+    /// Sizes.
+    pub dims: crate::ops::Dims,
+    /// `[B, T, H, N]`.
+    pub q: Vec<f64>,
+    /// `[B, T, H, N]`.
+    pub k: Vec<f64>,
+    /// `[B, T, H, P]`.
+    pub v: Vec<f64>,
+    /// `[B, T, H]`.
+    pub g: Vec<f64>,
+    /// `[B, T, H, L]`.
+    pub lambda: Vec<f64>,
+}
+
+impl HostInput {
+    /// Copies an input to the host.
+    pub fn from_input(x: &LogLinearInput) -> Self {
+        Self {
+            dims: x.dims(),
+            q: to_f64(&x.q),
+            k: to_f64(&x.k),
+            v: to_f64(&x.v),
+            g: to_f64(&x.g),
+            lambda: to_f64(&x.lambda),
+        }
+    }
+
+    /// Uploads to `device` in `dtype`.
+    pub fn to_input(&self, dtype: DType, device: &Device) -> LogLinearInput {
+        let crate::ops::Dims { b, t, h, n, p, l } = self.dims;
+        let up = |v: &Vec<f64>, s: Vec<usize>| burn::tensor::TensorData::new(v.clone(), s);
+        LogLinearInput {
+            q: Tensor::from_data(up(&self.q, vec![b, t, h, n]), (device, dtype)),
+            k: Tensor::from_data(up(&self.k, vec![b, t, h, n]), (device, dtype)),
+            v: Tensor::from_data(up(&self.v, vec![b, t, h, p]), (device, dtype)),
+            g: Tensor::from_data(up(&self.g, vec![b, t, h]), (device, dtype)),
+            lambda: Tensor::from_data(up(&self.lambda, vec![b, t, h, l]), (device, dtype)),
+        }
+    }
+
+    /// The definition, written as plain loops in float64 (no Burn): `o: [B, T, H, P]`.
+    /// Independent of every [`Form`], so the parallel form is itself checked against it.
+    pub fn reference_output(&self) -> Vec<f64> {
+        let crate::ops::Dims { b, t, h, n, p, l } = self.dims;
+        let mut o = vec![0.0; b * t * h * p];
+        for bi in 0..b {
+            for hi in 0..h {
+                let at = |ti: usize| (bi * t + ti) * h + hi;
+                let mut gamma = vec![0.0; t];
+                let mut acc = 0.0;
+                for (ti, gm) in gamma.iter_mut().enumerate() {
+                    acc += self.g[at(ti)];
+                    *gm = acc;
+                }
+                for ti in 0..t {
+                    for si in 0..=ti {
+                        let lev = fenwick::level(ti, si);
+                        assert!(lev < l, "reference_output: {l} levels are too few");
+                        let dot: f64 = (0..n)
+                            .map(|i| self.q[at(ti) * n + i] * self.k[at(si) * n + i])
+                            .sum();
+                        let w = self.lambda[at(ti) * l + lev] * (gamma[ti] - gamma[si]).exp() * dot;
+                        for j in 0..p {
+                            o[at(ti) * p + j] += w * self.v[at(si) * p + j];
+                        }
+                    }
+                }
+            }
+        }
+        o
+    }
+}
+
+/// Output and the gradients of `Σ o ⊙ do` of one form, on the host.
+#[derive(Clone, Debug)]
+pub struct FormResult {
+    /// `o: [B, T, H, P]`.
+    pub o: Vec<f64>,
+    /// `(name, gradient)` for `q, k, v, g, lambda`.
+    pub grads: Vec<(&'static str, Vec<f64>)>,
+    /// Final state, when asked for.
+    pub state: Option<Vec<f64>>,
+}
+
+/// Runs `form` forward and backward on `x` (which must live on an autodiff device) with the
+/// output cotangent `d_o`, returning the output and all five input gradients.
+pub fn run_with_grads(
+    x: &LogLinearInput,
+    d_o: &Tensor<4>,
+    form: Form,
+    initial: Option<&FenwickState>,
+) -> FormResult {
+    let x = LogLinearInput {
+        q: x.q.clone().detach().require_grad(),
+        k: x.k.clone().detach().require_grad(),
+        v: x.v.clone().detach().require_grad(),
+        g: x.g.clone().detach().require_grad(),
+        lambda: x.lambda.clone().detach().require_grad(),
+    };
+    let out = log_linear_attn(&x, form, initial, true);
+    let loss = (out.o.clone() * d_o.clone()).sum();
+    let grads = loss.backward();
+    // An input that does not reach the output (g when T = 1 and L = 1) has no gradient entry:
+    // its gradient is zero.
+    fn grad_or_zero<const D: usize>(x: &Tensor<D>, g: Option<Tensor<D>>) -> Vec<f64> {
+        g.map(|t| to_f64(&t))
+            .unwrap_or_else(|| vec![0.0; x.shape().num_elements()])
+    }
+    FormResult {
+        o: to_f64(&out.o),
+        grads: vec![
+            ("dq", grad_or_zero(&x.q, x.q.grad(&grads))),
+            ("dk", grad_or_zero(&x.k, x.k.grad(&grads))),
+            ("dv", grad_or_zero(&x.v, x.v.grad(&grads))),
+            ("dg", grad_or_zero(&x.g, x.g.grad(&grads))),
+            ("dlambda", grad_or_zero(&x.lambda, x.lambda.grad(&grads))),
+        ],
+        state: out.state.map(|s| to_f64(&s.levels)),
+    }
+}
