@@ -7,6 +7,7 @@
 //! * [`nn`]: the log-linear Mamba-2 mixer, the λ modes and the language model, with decoding.
 
 pub mod fenwick;
+pub mod nn;
 pub mod ops;
 pub mod testing;
 

@@ -1,0 +1,125 @@
+//! Parameter initialisation from a seeded host RNG: the same seed gives the same weights on
+//! every backend (CPU or GPU) and in every run.
+
+use burn::module::Param;
+use burn::prelude::*;
+use burn::tensor::TensorData;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
+
+/// Draws parameters on `device` from a seeded RNG.
+pub struct Init {
+    rng: StdRng,
+    device: Device,
+}
+
+impl Init {
+    /// A fresh initialiser: `seed` fixes every draw.
+    pub fn new(seed: u64, device: &Device) -> Self {
+        Self {
+            rng: StdRng::seed_from_u64(seed),
+            device: device.clone(),
+        }
+    }
+
+    /// The device parameters are created on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// A parameter holding `values`.
+    pub fn values<const D: usize>(&self, values: Vec<f64>, shape: [usize; D]) -> Param<Tensor<D>> {
+        let data = TensorData::new(values, shape.to_vec());
+        Param::from_tensor(Tensor::from_data(data, &self.device))
+    }
+
+    /// `N(0, std²)` entries.
+    pub fn normal<const D: usize>(&mut self, shape: [usize; D], std: f64) -> Param<Tensor<D>> {
+        let len = shape.iter().product();
+        let v = (0..len)
+            .map(|_| std * self.rng.sample::<f64, _>(StandardNormal))
+            .collect();
+        self.values(v, shape)
+    }
+
+    /// `U(lo, hi)` entries.
+    pub fn uniform<const D: usize>(
+        &mut self,
+        shape: [usize; D],
+        lo: f64,
+        hi: f64,
+    ) -> Param<Tensor<D>> {
+        let len = shape.iter().product();
+        let v = (0..len).map(|_| self.rng.random_range(lo..hi)).collect();
+        self.values(v, shape)
+    }
+
+    /// Every entry `value`.
+    pub fn constant<const D: usize>(&self, shape: [usize; D], value: f64) -> Param<Tensor<D>> {
+        self.values(vec![value; shape.iter().product()], shape)
+    }
+
+    /// `n` draws from `U(0, 1)` on the host.
+    pub fn unit_draws(&mut self, n: usize) -> Vec<f64> {
+        (0..n).map(|_| self.rng.random::<f64>()).collect()
+    }
+}
+
+/// A bias-free linear map `y = x W` with `W: [d_in, d_out]`.
+#[derive(Module, Debug)]
+pub struct Dense {
+    /// `[d_in, d_out]`.
+    pub weight: Param<Tensor<2>>,
+}
+
+impl Dense {
+    /// # Shapes
+    /// `x: [..., d_in]` → `[..., d_out]`.
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        burn::tensor::module::linear(x, self.weight.val(), None)
+    }
+
+    /// `N(0, std²)` weights.
+    pub fn normal(init: &mut Init, d_in: usize, d_out: usize, std: f64) -> Self {
+        Self {
+            weight: init.normal([d_in, d_out], std),
+        }
+    }
+
+    /// Weights `U(−1/√d_in, 1/√d_in) · scale` (PyTorch's default Linear init, i.e.
+    /// kaiming-uniform with a = √5, then scaled).
+    pub fn kaiming_uniform(init: &mut Init, d_in: usize, d_out: usize, scale: f64) -> Self {
+        let bound = 1.0 / (d_in as f64).sqrt() * scale;
+        Self {
+            weight: init.uniform([d_in, d_out], -bound, bound),
+        }
+    }
+}
+
+/// Root-mean-square normalisation `x / sqrt(mean(x²) + eps) ⊙ weight` over the last axis.
+#[derive(Module, Debug)]
+pub struct RmsNorm {
+    /// `[D]`, initialised to 1.
+    pub weight: Param<Tensor<1>>,
+    /// Added to the mean square.
+    #[module(skip)]
+    pub eps: f64,
+}
+
+impl RmsNorm {
+    /// Weight 1.
+    pub fn new(init: &Init, width: usize, eps: f64) -> Self {
+        Self {
+            weight: init.constant([width], 1.0),
+            eps,
+        }
+    }
+
+    /// # Shapes
+    /// `x: [..., D]` → `[..., D]`.
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let rms = (x.clone().square().mean_dim(D - 1) + self.eps).sqrt();
+        x / rms * self.weight.val().unsqueeze()
+    }
+}

@@ -1,0 +1,226 @@
+//! The level weights λ: the published linear baseline, the adaptive-decay MLP (softplus and
+//! softmax heads), and λ ≡ 1 (plain Mamba-2). Spec §2.3 step 7 and §6.
+
+use burn::module::Param;
+use burn::prelude::*;
+use burn::tensor::activation::{gelu, softmax, softplus};
+use serde::{Deserialize, Serialize};
+
+use super::init::Init;
+
+/// How λ is computed from the `dl` projection of a token (`[H, L]` per token).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LambdaMode {
+    /// `λ = softplus(L ⊙ dl)` with a per-head, per-level scale `L` (init 1): the published
+    /// log-linear Mamba-2 baseline ("fixed" in the adaptive-decay code).
+    #[default]
+    Linear,
+    /// `λ = softplus(W2·gelu(W1·dl + b1) + b2)`, one MLP shared across heads; `W2 = 0`,
+    /// `b2 = 0.54` at init so `λ ≡ softplus(0.54) ≈ 0.99916` (the adaptive-decay method).
+    MlpSoftplus,
+    /// The same MLP with a softmax over levels; `W2 = 0`, `b2 = 0` so `λ ≡ 1/L` at init.
+    MlpSoftmax,
+    /// `λ ≡ 1`: no `dl` projection at all, i.e. plain Mamba-2 (the linear-time baseline).
+    Ones,
+}
+
+impl LambdaMode {
+    /// Whether the mode reads a `dl` projection.
+    pub fn uses_dl(self) -> bool {
+        self != LambdaMode::Ones
+    }
+
+    /// Every mode, in a fixed order.
+    pub const ALL: [LambdaMode; 4] = [
+        LambdaMode::Linear,
+        LambdaMode::MlpSoftplus,
+        LambdaMode::MlpSoftmax,
+        LambdaMode::Ones,
+    ];
+
+    /// The config name (`linear`, `mlp_softplus`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            LambdaMode::Linear => "linear",
+            LambdaMode::MlpSoftplus => "mlp_softplus",
+            LambdaMode::MlpSoftmax => "mlp_softmax",
+            LambdaMode::Ones => "ones",
+        }
+    }
+}
+
+impl std::fmt::Display for LambdaMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for LambdaMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        LambdaMode::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| {
+                format!("unknown lambda mode {s:?}; expected one of linear, mlp_softplus, mlp_softmax, ones")
+            })
+    }
+}
+
+/// Bias of the softplus head at init: `softplus(0.54) = 0.99916…`, so λ starts at ≈ 1.
+pub const SOFTPLUS_INIT_BIAS: f64 = 0.54;
+
+/// λ configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LambdaConfig {
+    /// How λ is computed.
+    #[serde(default)]
+    pub mode: LambdaMode,
+    /// λ slots per head, `L`: sequences up to `2^(L−1)` tokens. 15 in the released models.
+    #[serde(default = "default_levels")]
+    pub levels: usize,
+    /// Hidden width of the λ-MLP (64 in the paper).
+    #[serde(default = "default_hidden")]
+    pub mlp_hidden: usize,
+}
+
+fn default_levels() -> usize {
+    15
+}
+fn default_hidden() -> usize {
+    64
+}
+
+impl Default for LambdaConfig {
+    fn default() -> Self {
+        Self {
+            mode: LambdaMode::default(),
+            levels: default_levels(),
+            mlp_hidden: default_hidden(),
+        }
+    }
+}
+
+/// `λ = head(W2 · gelu(W1 · dl + b1) + b2)` applied to every (batch, token, head) vector;
+/// weights are shared across heads and tokens.
+///
+/// Init: `W1` Xavier-uniform, `b1 = 0`, `W2 = 0`, `b2` = 0.54 (softplus) or 0 (softmax). This
+/// init is set here and nothing re-initialises it later (the published runs lost it to a global
+/// re-init, spec §6.4).
+#[derive(Module, Debug)]
+pub struct LambdaMlp {
+    /// `[L, hidden]`.
+    pub w1: Param<Tensor<2>>,
+    /// `[hidden]`.
+    pub b1: Param<Tensor<1>>,
+    /// `[hidden, L]`.
+    pub w2: Param<Tensor<2>>,
+    /// `[L]`.
+    pub b2: Param<Tensor<1>>,
+}
+
+impl LambdaMlp {
+    /// The documented init for `mode` (an MLP mode).
+    pub fn new(init: &mut Init, levels: usize, hidden: usize, mode: LambdaMode) -> Self {
+        let bound = (6.0 / (levels + hidden) as f64).sqrt();
+        let b2 = match mode {
+            LambdaMode::MlpSoftplus => SOFTPLUS_INIT_BIAS,
+            _ => 0.0,
+        };
+        Self {
+            w1: init.uniform([levels, hidden], -bound, bound),
+            b1: init.constant([hidden], 0.0),
+            w2: init.constant([hidden, levels], 0.0),
+            b2: init.constant([levels], b2),
+        }
+    }
+
+    /// The pre-activation logits `W2 · gelu(W1 · dl + b1) + b2`.
+    ///
+    /// # Shapes
+    /// `dl: [B, T, H, L]` → `[B, T, H, L]`.
+    pub fn logits(&self, dl: Tensor<4>) -> Tensor<4> {
+        let hidden = gelu(dl.matmul(self.w1.val().unsqueeze()) + self.b1.val().unsqueeze());
+        hidden.matmul(self.w2.val().unsqueeze()) + self.b2.val().unsqueeze()
+    }
+}
+
+/// Computes λ for one mixer.
+#[derive(Module, Debug)]
+pub struct LevelWeights {
+    /// `L: [H, L]` of the linear mode.
+    pub scale: Option<Param<Tensor<2>>>,
+    /// The MLP of the MLP modes.
+    pub mlp: Option<LambdaMlp>,
+    /// The mode.
+    #[module(skip)]
+    pub mode: LambdaMode,
+    /// Heads.
+    #[module(skip)]
+    pub heads: usize,
+    /// λ slots.
+    #[module(skip)]
+    pub levels: usize,
+}
+
+impl LevelWeights {
+    /// Parameters for `mode` and nothing else (no dead parameters: the MLP modes have no `L`).
+    pub fn new(init: &mut Init, config: &LambdaConfig, heads: usize) -> Self {
+        let mode = config.mode;
+        assert!(
+            config.levels > 0,
+            "LevelWeights: lambda needs at least one level"
+        );
+        Self {
+            scale: (mode == LambdaMode::Linear).then(|| init.constant([heads, config.levels], 1.0)),
+            mlp: matches!(mode, LambdaMode::MlpSoftplus | LambdaMode::MlpSoftmax)
+                .then(|| LambdaMlp::new(init, config.levels, config.mlp_hidden, mode)),
+            mode,
+            heads,
+            levels: config.levels,
+        }
+    }
+
+    /// Width of the `dl` projection this mode reads: `H·L`, or 0 for λ ≡ 1.
+    pub fn dl_width(&self) -> usize {
+        if self.mode.uses_dl() {
+            self.heads * self.levels
+        } else {
+            0
+        }
+    }
+
+    /// λ from `dl` (head-major: `dl[h·L + ℓ]`); `None` (and ones) for [`LambdaMode::Ones`].
+    /// `like` gives the batch, length, dtype and device.
+    ///
+    /// # Shapes
+    /// `dl: [B, T, H·L]`, `like: [B, T, ·]` → `λ: [B, T, H, L]`.
+    pub fn forward(&self, dl: Option<Tensor<3>>, like: &Tensor<3>) -> Tensor<4> {
+        let [b, t, _] = like.dims();
+        let (h, l) = (self.heads, self.levels);
+        let dl = match (self.mode, dl) {
+            (LambdaMode::Ones, _) => {
+                return Tensor::ones([b, t, h, l], (&like.device(), like.dtype()));
+            }
+            (_, Some(dl)) => dl.reshape([b, t, h, l]),
+            (mode, None) => panic!("LevelWeights: mode {mode} needs the dl projection"),
+        };
+        match self.mode {
+            LambdaMode::Linear => {
+                let scale = self.scale.as_ref().expect("linear λ has a scale").val();
+                softplus(dl * scale.unsqueeze(), 1.0)
+            }
+            LambdaMode::MlpSoftplus => {
+                let mlp = self.mlp.as_ref().expect("MLP λ has an MLP");
+                softplus(mlp.logits(dl), 1.0)
+            }
+            LambdaMode::MlpSoftmax => {
+                let mlp = self.mlp.as_ref().expect("MLP λ has an MLP");
+                softmax(mlp.logits(dl), 3)
+            }
+            LambdaMode::Ones => unreachable!("handled above"),
+        }
+    }
+}

@@ -1,0 +1,10 @@
+//! Modules: the λ modes, the log-linear Mamba-2 mixer and the language model.
+
+pub mod init;
+pub mod lambda;
+pub mod mixer;
+pub mod model;
+
+pub use lambda::{LambdaConfig, LambdaMlp, LambdaMode, LevelWeights};
+pub use mixer::{LogLinearMamba2, MixerConfig, MixerOutput, MixerState};
+pub use model::{LmConfig, LmOutput, LogLinearLm, ModelState};

@@ -1,0 +1,295 @@
+//! The log-linear Mamba-2 language model (spec §2.4): embedding → N × [RMSNorm → mixer →
+//! residual → RMSNorm → GatedMLP → residual] → RMSNorm → LM head; with prefill and decoding.
+
+use burn::module::Param;
+use burn::prelude::*;
+use burn::tensor::activation::silu;
+use serde::{Deserialize, Serialize};
+
+use super::init::{Dense, Init, RmsNorm};
+use super::mixer::{LogLinearMamba2, MixerConfig, MixerState};
+use crate::ops::Form;
+
+/// Language-model configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LmConfig {
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Number of blocks.
+    pub n_layers: usize,
+    /// The mixer of every block (its `d_model` is the model width).
+    pub mixer: MixerConfig,
+    /// GatedMLP width; `None` = `256·⌈int(8·D/3)/256⌉` (spec §2.4).
+    #[serde(default)]
+    pub mlp_width: Option<usize>,
+    /// Share the embedding matrix with the LM head.
+    #[serde(default)]
+    pub tie_embeddings: bool,
+    /// Epsilon of the block and final RMSNorms.
+    #[serde(default = "d_eps")]
+    pub norm_eps: f64,
+    /// Standard deviation of the normal init of embeddings and projections.
+    #[serde(default = "d_init_std")]
+    pub initializer_range: f64,
+}
+
+fn d_eps() -> f64 {
+    1e-5
+}
+fn d_init_std() -> f64 {
+    0.02
+}
+
+impl LmConfig {
+    /// A model of width `d_model` with the official mixer defaults.
+    pub fn new(vocab_size: usize, d_model: usize, n_layers: usize) -> Self {
+        Self {
+            vocab_size,
+            n_layers,
+            mixer: MixerConfig::new(d_model),
+            mlp_width: None,
+            tie_embeddings: false,
+            norm_eps: d_eps(),
+            initializer_range: d_init_std(),
+        }
+    }
+
+    /// Model width.
+    pub fn d_model(&self) -> usize {
+        self.mixer.d_model
+    }
+
+    /// GatedMLP width: the configured one or `256·⌈int(D·4·2/3)/256⌉`.
+    pub fn mlp_width(&self) -> usize {
+        self.mlp_width
+            .unwrap_or_else(|| (self.d_model() * 8 / 3).div_ceil(256) * 256)
+    }
+
+    /// Checks sizes, naming what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.vocab_size == 0 || self.n_layers == 0 {
+            return Err(format!(
+                "vocab_size ({}) and n_layers ({}) must be positive",
+                self.vocab_size, self.n_layers
+            ));
+        }
+        self.mixer.validate()
+    }
+
+    /// Builds the model with the init of spec §2.5, drawing every parameter from `seed`.
+    ///
+    /// # Panics
+    /// If [`LmConfig::validate`] fails.
+    pub fn init(&self, seed: u64, device: &Device) -> LogLinearLm {
+        if let Err(e) = self.validate() {
+            panic!("LogLinearLm: {e}");
+        }
+        let mut init = Init::new(seed, device);
+        let (v, d, std) = (self.vocab_size, self.d_model(), self.initializer_range);
+        // rescale_prenorm_residual: out_proj and down_proj are kaiming-uniform / √(2·layers).
+        let out_scale = 1.0 / (2.0 * self.n_layers as f64).sqrt();
+        let embedding = init.normal([v, d], std);
+        let blocks = (0..self.n_layers)
+            .map(|_| Block {
+                mixer_norm: RmsNorm::new(&init, d, self.norm_eps),
+                mixer: self.mixer.init(&mut init, std, out_scale),
+                mlp_norm: RmsNorm::new(&init, d, self.norm_eps),
+                mlp: GatedMlp::new(&mut init, d, self.mlp_width(), std, out_scale),
+            })
+            .collect();
+        let norm = RmsNorm::new(&init, d, self.norm_eps);
+        let head = (!self.tie_embeddings).then(|| Dense::normal(&mut init, d, v, std));
+        LogLinearLm {
+            embedding,
+            blocks,
+            norm,
+            head,
+            config: self.clone(),
+        }
+    }
+}
+
+/// `W_down · (silu(W_gate x) ⊙ W_up x)`, no biases.
+#[derive(Module, Debug)]
+pub struct GatedMlp {
+    /// `D → W`.
+    pub gate: Dense,
+    /// `D → W`.
+    pub up: Dense,
+    /// `W → D`.
+    pub down: Dense,
+}
+
+impl GatedMlp {
+    fn new(init: &mut Init, d: usize, width: usize, std: f64, out_scale: f64) -> Self {
+        Self {
+            gate: Dense::normal(init, d, width, std),
+            up: Dense::normal(init, d, width, std),
+            down: Dense::kaiming_uniform(init, width, d, out_scale),
+        }
+    }
+
+    /// # Shapes
+    /// `x: [B, T, D]` → `[B, T, D]`.
+    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        self.down
+            .forward(silu(self.gate.forward(x.clone())) * self.up.forward(x))
+    }
+}
+
+/// One pre-norm residual block.
+#[derive(Module, Debug)]
+pub struct Block {
+    /// Norm before the mixer.
+    pub mixer_norm: RmsNorm,
+    /// The log-linear Mamba-2 mixer.
+    pub mixer: LogLinearMamba2,
+    /// Norm before the MLP.
+    pub mlp_norm: RmsNorm,
+    /// The GatedMLP.
+    pub mlp: GatedMlp,
+}
+
+/// Decoding state of the whole model: one mixer state per block.
+#[derive(Clone, Debug)]
+pub struct ModelState {
+    /// Per block.
+    pub layers: Vec<MixerState>,
+}
+
+impl ModelState {
+    /// Tokens absorbed so far.
+    pub fn position(&self) -> usize {
+        self.layers.first().map_or(0, |l| l.fenwick.position)
+    }
+
+    /// Bytes held on the device (conv windows and Fenwick levels of every block).
+    pub fn size_bytes(&self) -> usize {
+        self.layers.iter().map(MixerState::size_bytes).sum()
+    }
+}
+
+/// Output of a sequence forward.
+#[derive(Clone, Debug)]
+pub struct LmOutput {
+    /// `[B, T, V]`.
+    pub logits: Tensor<3>,
+    /// λ of every block, `[B, T, H, L]` each, when traced.
+    pub lambda: Vec<Tensor<4>>,
+    /// The decoding state after the last token, when asked for.
+    pub state: Option<ModelState>,
+}
+
+/// The log-linear Mamba-2 language model.
+#[derive(Module, Debug)]
+pub struct LogLinearLm {
+    /// Token embedding `[V, D]`.
+    pub embedding: Param<Tensor<2>>,
+    /// The blocks.
+    pub blocks: Vec<Block>,
+    /// Final norm.
+    pub norm: RmsNorm,
+    /// LM head (`None` when tied to the embedding).
+    pub head: Option<Dense>,
+    /// Configuration.
+    #[module(skip)]
+    pub config: LmConfig,
+}
+
+impl LogLinearLm {
+    /// Logits of every position.
+    ///
+    /// # Shapes
+    /// `tokens: [B, T]` → `[B, T, V]`.
+    pub fn forward(&self, tokens: Tensor<2, Int>, form: Form) -> Tensor<3> {
+        self.run(tokens, form, None, false, false).logits
+    }
+
+    /// The full forward: optionally from a decoding state, returning the final state and/or
+    /// every block's λ.
+    ///
+    /// # Shapes
+    /// `tokens: [B, T]`.
+    pub fn run(
+        &self,
+        tokens: Tensor<2, Int>,
+        form: Form,
+        state: Option<&ModelState>,
+        return_state: bool,
+        trace_lambda: bool,
+    ) -> LmOutput {
+        let mut h = self.embed(tokens);
+        let mut lambda = Vec::new();
+        let mut states = Vec::new();
+        for (i, block) in self.blocks.iter().enumerate() {
+            let out = block.mixer.forward(
+                block.mixer_norm.forward(h.clone()),
+                form,
+                state.map(|s| &s.layers[i]),
+                return_state,
+            );
+            let r = h + out.y;
+            h = r.clone() + block.mlp.forward(block.mlp_norm.forward(r));
+            if trace_lambda {
+                lambda.push(out.lambda);
+            }
+            states.extend(out.state);
+        }
+        LmOutput {
+            logits: self.logits(h),
+            lambda,
+            state: return_state.then_some(ModelState { layers: states }),
+        }
+    }
+
+    /// Runs the prompt with the chunked form and returns its logits and the decoding state that
+    /// stepping through it token by token would have built.
+    ///
+    /// # Shapes
+    /// `tokens: [B, T]` → `[B, T, V]`.
+    pub fn prefill(&self, tokens: Tensor<2, Int>, chunk: usize) -> (Tensor<3>, ModelState) {
+        let out = self.run(tokens, Form::Chunked { chunk }, None, true, false);
+        (out.logits, out.state.expect("state requested"))
+    }
+
+    /// An empty decoding state for a batch of `b`.
+    pub fn init_state(&self, b: usize, device: &Device) -> ModelState {
+        ModelState {
+            layers: self
+                .blocks
+                .iter()
+                .map(|blk| blk.mixer.init_state(b, device))
+                .collect(),
+        }
+    }
+
+    /// One decoding step: O(log T) memory and time per token.
+    ///
+    /// # Shapes
+    /// `token: [B]` → logits `[B, V]`.
+    pub fn step(&self, token: Tensor<1, Int>, state: &mut ModelState) -> Tensor<2> {
+        let mut h = self.embed(token.unsqueeze_dim(1)).squeeze_dim::<2>(1);
+        for (block, st) in self.blocks.iter().zip(&mut state.layers) {
+            let r = h.clone() + block.mixer.step(block.mixer_norm.forward(h), st);
+            h = r.clone()
+                + block
+                    .mlp
+                    .forward(block.mlp_norm.forward(r).unsqueeze_dim(1))
+                    .squeeze_dim(1);
+        }
+        self.logits(h.unsqueeze_dim(1)).squeeze_dim(1)
+    }
+
+    fn embed(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
+        burn::tensor::module::embedding(self.embedding.val(), tokens)
+    }
+
+    fn logits(&self, h: Tensor<3>) -> Tensor<3> {
+        let h = self.norm.forward(h);
+        match &self.head {
+            Some(head) => head.forward(h),
+            None => h.matmul(self.embedding.val().transpose().unsqueeze()),
+        }
+    }
+}
