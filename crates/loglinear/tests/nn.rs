@@ -431,3 +431,36 @@ fn a_sequence_longer_than_the_levels_allow_names_the_need() {
     let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(msg.contains("need 5"), "{msg}");
 }
+
+/// Spec §7.2.2: 50,708 / 50,838 / 50,968 / 51,098 parameters (linear λ, T = 128…1024); the
+/// λ-MLP adds 2·L·64 + 64 + L per layer and drops the per-head scale (L per layer).
+#[test]
+fn synthetic_model_parameter_counts_match_the_spec() {
+    use loglinear::nn::SyntheticConfig;
+    for (t, expected) in [
+        (128, 50_708usize),
+        (256, 50_838),
+        (512, 50_968),
+        (1024, 51_098),
+    ] {
+        let l = num_levels(t);
+        let mut lambda = LambdaConfig {
+            mode: LambdaMode::Linear,
+            levels: l,
+            mlp_hidden: 64,
+        };
+        let fixed = SyntheticConfig::new(128, lambda.clone())
+            .init(0, &dev())
+            .num_params();
+        assert_eq!(fixed, expected, "T = {t}");
+        lambda.mode = LambdaMode::MlpSoftplus;
+        let mlp = SyntheticConfig::new(128, lambda)
+            .init(0, &dev())
+            .num_params();
+        assert_eq!(
+            mlp,
+            expected + 2 * (2 * l * 64 + 64 + l) - 2 * l,
+            "T = {t} MLP"
+        );
+    }
+}

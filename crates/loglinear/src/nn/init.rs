@@ -123,3 +123,37 @@ impl RmsNorm {
         x / rms * self.weight.val().unsqueeze()
     }
 }
+
+/// Layer normalisation `(x − mean) / sqrt(var + eps) ⊙ weight + bias` over the last axis
+/// (biased variance, as PyTorch).
+#[derive(Module, Debug)]
+pub struct LayerNorm {
+    /// `[D]`, initialised to 1.
+    pub weight: Param<Tensor<1>>,
+    /// `[D]`, initialised to 0.
+    pub bias: Param<Tensor<1>>,
+    /// Added to the variance.
+    #[module(skip)]
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    /// Weight 1, bias 0.
+    pub fn new(init: &Init, width: usize, eps: f64) -> Self {
+        Self {
+            weight: init.constant([width], 1.0),
+            bias: init.constant([width], 0.0),
+            eps,
+        }
+    }
+
+    /// # Shapes
+    /// `x: [..., D]` → `[..., D]`.
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let mean = x.clone().mean_dim(D - 1);
+        let centered = x - mean;
+        let var = centered.clone().square().mean_dim(D - 1);
+        centered / (var + self.eps).sqrt() * self.weight.val().unsqueeze()
+            + self.bias.val().unsqueeze()
+    }
+}

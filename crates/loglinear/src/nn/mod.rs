@@ -4,7 +4,9 @@ pub mod init;
 pub mod lambda;
 pub mod mixer;
 pub mod model;
+pub mod synthetic;
 
 pub use lambda::{LambdaConfig, LambdaMlp, LambdaMode, LevelWeights};
 pub use mixer::{LogLinearMamba2, MixerConfig, MixerOutput, MixerState};
 pub use model::{LmConfig, LmOutput, LogLinearLm, ModelState};
+pub use synthetic::{SyntheticConfig, SyntheticLm};

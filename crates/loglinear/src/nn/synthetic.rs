@@ -1,0 +1,233 @@
+//! The simplified model the adaptive-decay paper used for its synthetic tasks (spec §7.2.2):
+//! q/k/v/dl/dt projections straight from the residual stream, no conv, no gate, no D skip,
+//! `v` not scaled by Δ, post-LayerNorm residual blocks.
+
+use burn::module::Param;
+use burn::prelude::*;
+use burn::tensor::activation::softplus;
+use serde::{Deserialize, Serialize};
+
+use super::init::{Dense, Init, LayerNorm};
+use super::lambda::{LambdaConfig, LevelWeights};
+use crate::fenwick;
+use crate::ops::{Form, LogLinearInput, log_linear_attn};
+
+/// Configuration of the synthetic-task model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyntheticConfig {
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Width `d` (64 in the paper).
+    #[serde(default = "d_model")]
+    pub d_model: usize,
+    /// Number of layers (2).
+    #[serde(default = "d_layers")]
+    pub n_layers: usize,
+    /// Heads `H` (1).
+    #[serde(default = "d_heads")]
+    pub heads: usize,
+    /// Key width `N` per head (64).
+    #[serde(default = "d_model")]
+    pub d_state: usize,
+    /// Value width `P` per head (64).
+    #[serde(default = "d_model")]
+    pub head_dim: usize,
+    /// λ (levels = num_levels of the longest sequence, train or test).
+    pub lambda: LambdaConfig,
+    /// Std of the normal init (0.02).
+    #[serde(default = "d_std")]
+    pub initializer_range: f64,
+}
+
+fn d_model() -> usize {
+    64
+}
+fn d_layers() -> usize {
+    2
+}
+fn d_heads() -> usize {
+    1
+}
+fn d_std() -> f64 {
+    0.02
+}
+
+impl SyntheticConfig {
+    /// The paper's setting (d = 64, 2 layers, 1 head, N = P = 64) with `levels` λ slots.
+    pub fn new(vocab_size: usize, lambda: LambdaConfig) -> Self {
+        Self {
+            vocab_size,
+            d_model: d_model(),
+            n_layers: d_layers(),
+            heads: d_heads(),
+            d_state: d_model(),
+            head_dim: d_model(),
+            lambda,
+            initializer_range: d_std(),
+        }
+    }
+
+    /// Checks sizes, naming what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        let sizes = [
+            ("vocab_size", self.vocab_size),
+            ("d_model", self.d_model),
+            ("n_layers", self.n_layers),
+            ("heads", self.heads),
+            ("d_state", self.d_state),
+            ("head_dim", self.head_dim),
+            ("lambda.levels", self.lambda.levels),
+        ];
+        match sizes.iter().find(|(_, v)| *v == 0) {
+            Some((name, _)) => Err(format!("{name} must be positive")),
+            None => Ok(()),
+        }
+    }
+
+    /// Init of the paper: every projection and the embedding `N(0, 0.02²)`, each `Wo`
+    /// `N(0, (0.02/√(2·layers))²)`, LayerNorms (1, 0), `A_log = ln(1..H)`, `dt_bias` inverse
+    /// softplus of log-uniform `[1e-3, 1e-1]`. The λ module keeps its own documented init (the
+    /// published code re-drew the λ-MLP with `N(0, 0.02²)`; we do not).
+    ///
+    /// # Panics
+    /// If [`SyntheticConfig::validate`] fails.
+    pub fn init(&self, seed: u64, device: &Device) -> SyntheticLm {
+        if let Err(e) = self.validate() {
+            panic!("SyntheticLm: {e}");
+        }
+        let mut init = Init::new(seed, device);
+        let (v, d, h, std) = (
+            self.vocab_size,
+            self.d_model,
+            self.heads,
+            self.initializer_range,
+        );
+        let embedding = init.normal([v, d], std);
+        let layers = (0..self.n_layers)
+            .map(|_| {
+                let lambda = LevelWeights::new(&mut init, &self.lambda, h);
+                let dl = (lambda.dl_width() > 0)
+                    .then(|| Dense::normal(&mut init, d, lambda.dl_width(), std));
+                let dt_bias = init
+                    .unit_draws(h)
+                    .into_iter()
+                    .map(|u| {
+                        let (lo, hi) = (1e-3f64.ln(), 1e-1f64.ln());
+                        let dt = (u * (hi - lo) + lo).exp().max(1e-4);
+                        dt + (-(-dt).exp_m1()).ln()
+                    })
+                    .collect();
+                SyntheticLayer {
+                    wq: Dense::normal(&mut init, d, h * self.d_state, std),
+                    wk: Dense::normal(&mut init, d, h * self.d_state, std),
+                    wv: Dense::normal(&mut init, d, h * self.head_dim, std),
+                    wdl: dl,
+                    wdt: Dense::normal(&mut init, d, h, std),
+                    dt_bias: init.values(dt_bias, [h]),
+                    a_log: init.values((0..h).map(|i| ((i + 1) as f64).ln()).collect(), [h]),
+                    lambda,
+                    wo: Dense::normal(
+                        &mut init,
+                        h * self.head_dim,
+                        d,
+                        std / (2.0 * self.n_layers as f64).sqrt(),
+                    ),
+                    norm: LayerNorm::new(&init, d, 1e-5),
+                }
+            })
+            .collect();
+        SyntheticLm {
+            embedding,
+            layers,
+            norm: LayerNorm::new(&init, d, 1e-5),
+            head: Dense::normal(&mut init, d, v, std),
+            config: self.clone(),
+        }
+    }
+}
+
+/// One post-norm layer.
+#[derive(Module, Debug)]
+pub struct SyntheticLayer {
+    /// `d → H·N`.
+    pub wq: Dense,
+    /// `d → H·N`.
+    pub wk: Dense,
+    /// `d → H·P`.
+    pub wv: Dense,
+    /// `d → H·L` (absent for λ ≡ 1).
+    pub wdl: Option<Dense>,
+    /// `d → H`.
+    pub wdt: Dense,
+    /// `[H]`.
+    pub dt_bias: Param<Tensor<1>>,
+    /// `[H]`.
+    pub a_log: Param<Tensor<1>>,
+    /// λ.
+    pub lambda: LevelWeights,
+    /// `H·P → d`.
+    pub wo: Dense,
+    /// Post-residual LayerNorm.
+    pub norm: LayerNorm,
+}
+
+/// The synthetic-task model.
+#[derive(Module, Debug)]
+pub struct SyntheticLm {
+    /// `[V, d]`.
+    pub embedding: Param<Tensor<2>>,
+    /// The layers.
+    pub layers: Vec<SyntheticLayer>,
+    /// Final LayerNorm.
+    pub norm: LayerNorm,
+    /// `d → V`, no bias.
+    pub head: Dense,
+    /// Configuration.
+    #[module(skip)]
+    pub config: SyntheticConfig,
+}
+
+impl SyntheticLm {
+    /// Logits and, if `trace_lambda`, every layer's λ `[B, T, H, L]`.
+    ///
+    /// # Shapes
+    /// `tokens: [B, T]` → `[B, T, V]`.
+    pub fn run(
+        &self,
+        tokens: Tensor<2, Int>,
+        form: Form,
+        trace_lambda: bool,
+    ) -> (Tensor<3>, Vec<Tensor<4>>) {
+        let [b, t] = tokens.dims();
+        let c = &self.config;
+        fenwick::check_levels("SyntheticLm", c.lambda.levels, t);
+        let (h, n, p) = (c.heads, c.d_state, c.head_dim);
+        let mut x = burn::tensor::module::embedding(self.embedding.val(), tokens);
+        let mut trace = Vec::new();
+        for layer in &self.layers {
+            let delta = softplus(
+                layer.wdt.forward(x.clone()) + layer.dt_bias.val().unsqueeze(),
+                1.0,
+            );
+            let g = delta * layer.a_log.val().exp().neg().unsqueeze();
+            let dl = layer.wdl.as_ref().map(|w| w.forward(x.clone()));
+            let lambda = layer.lambda.forward(dl, &g);
+            let input = LogLinearInput {
+                q: layer.wq.forward(x.clone()).reshape([b, t, h, n]),
+                k: layer.wk.forward(x.clone()).reshape([b, t, h, n]),
+                v: layer.wv.forward(x.clone()).reshape([b, t, h, p]),
+                g,
+                lambda: lambda.clone(),
+            };
+            let y = log_linear_attn(&input, form, None, false)
+                .o
+                .reshape([b, t, h * p]);
+            x = layer.norm.forward(x + layer.wo.forward(y));
+            if trace_lambda {
+                trace.push(lambda);
+            }
+        }
+        (self.head.forward(self.norm.forward(x)), trace)
+    }
+}
