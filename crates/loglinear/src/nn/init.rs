@@ -1,7 +1,7 @@
 //! Parameter initialisation from a seeded host RNG: the same seed gives the same weights on
 //! every backend (CPU or GPU) and in every run.
 
-use burn::module::Param;
+use burn::module::{Param, ParamId};
 use burn::prelude::*;
 use burn::tensor::TensorData;
 use rand::rngs::StdRng;
@@ -12,6 +12,7 @@ use rand_distr::StandardNormal;
 pub struct Init {
     rng: StdRng,
     device: Device,
+    next_id: u64,
 }
 
 impl Init {
@@ -20,6 +21,7 @@ impl Init {
         Self {
             rng: StdRng::seed_from_u64(seed),
             device: device.clone(),
+            next_id: 0,
         }
     }
 
@@ -28,10 +30,15 @@ impl Init {
         &self.device
     }
 
-    /// A parameter holding `values`.
-    pub fn values<const D: usize>(&self, values: Vec<f64>, shape: [usize; D]) -> Param<Tensor<D>> {
+    /// A parameter holding `values`. Parameter ids are numbered in creation order, so a model
+    /// built twice from the same config has the same ids (optimiser state, keyed by id, then
+    /// survives a restart).
+    pub fn values<const D: usize>(&mut self, values: Vec<f64>, shape: [usize; D]) -> Param<Tensor<D>> {
         let data = TensorData::new(values, shape.to_vec());
-        Param::from_tensor(Tensor::from_data(data, &self.device))
+        let mut param = Param::from_tensor(Tensor::from_data(data, &self.device));
+        param.id = ParamId::from(self.next_id);
+        self.next_id += 1;
+        param
     }
 
     /// `N(0, std²)` entries.
@@ -56,7 +63,7 @@ impl Init {
     }
 
     /// Every entry `value`.
-    pub fn constant<const D: usize>(&self, shape: [usize; D], value: f64) -> Param<Tensor<D>> {
+    pub fn constant<const D: usize>(&mut self, shape: [usize; D], value: f64) -> Param<Tensor<D>> {
         self.values(vec![value; shape.iter().product()], shape)
     }
 
@@ -109,7 +116,7 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     /// Weight 1.
-    pub fn new(init: &Init, width: usize, eps: f64) -> Self {
+    pub fn new(init: &mut Init, width: usize, eps: f64) -> Self {
         Self {
             weight: init.constant([width], 1.0),
             eps,
@@ -139,7 +146,7 @@ pub struct LayerNorm {
 
 impl LayerNorm {
     /// Weight 1, bias 0.
-    pub fn new(init: &Init, width: usize, eps: f64) -> Self {
+    pub fn new(init: &mut Init, width: usize, eps: f64) -> Self {
         Self {
             weight: init.constant([width], 1.0),
             bias: init.constant([width], 0.0),

@@ -92,13 +92,13 @@ impl LmConfig {
         let embedding = init.normal([v, d], std);
         let blocks = (0..self.n_layers)
             .map(|_| Block {
-                mixer_norm: RmsNorm::new(&init, d, self.norm_eps),
+                mixer_norm: RmsNorm::new(&mut init, d, self.norm_eps),
                 mixer: self.mixer.init(&mut init, std, out_scale),
-                mlp_norm: RmsNorm::new(&init, d, self.norm_eps),
+                mlp_norm: RmsNorm::new(&mut init, d, self.norm_eps),
                 mlp: GatedMlp::new(&mut init, d, self.mlp_width(), std, out_scale),
             })
             .collect();
-        let norm = RmsNorm::new(&init, d, self.norm_eps);
+        let norm = RmsNorm::new(&mut init, d, self.norm_eps);
         let head = (!self.tie_embeddings).then(|| Dense::normal(&mut init, d, v, std));
         LogLinearLm {
             embedding,

@@ -133,14 +133,14 @@ impl SyntheticConfig {
                         d,
                         std / (2.0 * self.n_layers as f64).sqrt(),
                     ),
-                    norm: LayerNorm::new(&init, d, 1e-5),
+                    norm: LayerNorm::new(&mut init, d, 1e-5),
                 }
             })
             .collect();
         SyntheticLm {
             embedding,
             layers,
-            norm: LayerNorm::new(&init, d, 1e-5),
+            norm: LayerNorm::new(&mut init, d, 1e-5),
             head: Dense::normal(&mut init, d, v, std),
             config: self.clone(),
         }
