@@ -1,0 +1,624 @@
+//! Plotting layer: every function writes a decodable PNG and an SVG with its text as text, and
+//! awkward data (empty, single point, constant, NaN, long, wide) never panics.
+//!
+//! Set `LOGLINEAR_PLOT_DIR=<dir>` to keep the generated figures there for a look.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use loglinear_cli::report::{
+    BarGroup, LineOpts, Series, Shade, bar_chart, heatmap, histogram, line_plot,
+};
+
+/// Output directory: a fresh temp dir, or `$LOGLINEAR_PLOT_DIR/<test>` when set.
+fn out_dir(test: &str) -> (Option<tempfile::TempDir>, PathBuf) {
+    match std::env::var_os("LOGLINEAR_PLOT_DIR") {
+        Some(d) => (None, PathBuf::from(d).join(test)),
+        None => {
+            let t = tempfile::tempdir().unwrap();
+            let p = t.path().to_path_buf();
+            (Some(t), p)
+        }
+    }
+}
+
+/// Decode a PNG fully; returns (width, height, number of non-white pixels).
+fn decode_png(path: &Path) -> (u32, u32, usize) {
+    let bytes = fs::read(path).unwrap();
+    assert!(!bytes.is_empty(), "{} is empty", path.display());
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "PNG signature");
+    assert_eq!(&bytes[12..16], b"IHDR");
+    let w = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
+    let h = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
+    let mut reader = png::Decoder::new(std::io::Cursor::new(bytes))
+        .read_info()
+        .unwrap();
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    assert_eq!((info.width, info.height), (w, h));
+    let ch = info.color_type.samples();
+    let ink = buf[..info.buffer_size()]
+        .chunks(ch)
+        .filter(|p| p.iter().take(3).any(|&v| v < 200))
+        .count();
+    (w, h, ink)
+}
+
+/// Checks both files and returns (png size, svg text).
+fn check(paths: &[PathBuf], stem: &str) -> ((u32, u32), String) {
+    assert_eq!(paths.len(), 2, "{paths:?}");
+    assert_eq!(
+        paths[0].file_name().unwrap(),
+        format!("{stem}.png").as_str()
+    );
+    assert_eq!(
+        paths[1].file_name().unwrap(),
+        format!("{stem}.svg").as_str()
+    );
+    let (w, h, ink) = decode_png(&paths[0]);
+    assert!((1000..=1400).contains(&w), "PNG width {w}");
+    assert!((400..=1100).contains(&h), "PNG height {h}");
+    // text, axes and data leave a fair amount of non-white pixels
+    assert!(ink > 5_000, "PNG looks blank ({ink} non-white pixels)");
+    let svg = fs::read_to_string(&paths[1]).unwrap();
+    assert!(
+        svg.starts_with("<svg") || svg.starts_with("<?xml"),
+        "SVG header"
+    );
+    assert!(svg.trim_end().ends_with("</svg>"));
+    ((w, h), svg)
+}
+
+/// `needle` appears as the content of an SVG `<text>` element.
+fn has_text(svg: &str, needle: &str) -> bool {
+    svg.split("<text").skip(1).any(|t| {
+        t.split_once('>')
+            .and_then(|(_, rest)| rest.split_once("</text>"))
+            .is_some_and(|(content, _)| content.trim() == needle)
+    })
+}
+
+fn assert_texts(svg: &str, needles: &[&str]) {
+    for n in needles {
+        assert!(has_text(svg, n), "SVG has no <text> {n:?}");
+    }
+}
+
+#[test]
+fn line_plot_writes_png_and_svg_with_labels() {
+    let (_t, dir) = out_dir("line");
+    let lens: [f64; 6] = [64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0];
+    let series: Vec<Series> = ["linear", "mlp_softplus", "ones"]
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let pts = lens
+                .iter()
+                .map(|&t| (t, 1.0 - (i as f64 * 0.1 + 0.05) * t.log2() / 11.0))
+                .collect();
+            Series::with_err(*name, pts, vec![0.02 + 0.01 * i as f64; lens.len()])
+        })
+        .collect();
+    let opts = LineOpts {
+        log_x: true,
+        y_range: Some((0.0, 1.0)),
+        ..Default::default()
+    };
+    let paths = line_plot(
+        &dir,
+        "mqar_acc",
+        "MQAR accuracy vs sequence length (λ modes)",
+        "sequence length T (tokens)",
+        "accuracy",
+        &series,
+        &opts,
+    )
+    .unwrap();
+    let ((w, h), svg) = check(&paths, "mqar_acc");
+    assert_eq!((w, h), (1200, 760));
+    assert_texts(
+        &svg,
+        &[
+            "MQAR accuracy vs sequence length (λ modes)",
+            "sequence length T (tokens)",
+            "accuracy",
+            "linear",
+            "mlp_softplus",
+            "ones",
+            "64",
+            "2048",
+        ],
+    );
+}
+
+#[test]
+fn line_plot_training_curves_long_and_log() {
+    let (_t, dir) = out_dir("line_long");
+    let n = 5000;
+    let curve = |scale: f64, phase: f64| -> Vec<(f64, f64)> {
+        (0..n)
+            .map(|i| {
+                let s = i as f64;
+                let noise = 0.08 * ((s * 0.37 + phase).sin() * (s * 0.011).cos());
+                (s, scale * (4.0 * (-s / 900.0).exp() + 0.3) * (1.0 + noise))
+            })
+            .collect()
+    };
+    let mut a = Series::with_err("log-linear Mamba-2", curve(1.0, 0.0), vec![0.05; n]);
+    a.points[10].1 = f64::NAN; // skipped
+    a.points[11].0 = f64::INFINITY; // skipped
+    let b = Series::new("Mamba-2", curve(1.15, 1.0));
+    let paths = line_plot(
+        &dir,
+        "loss",
+        "Training loss",
+        "step",
+        "loss (nats/token)",
+        &[a.clone(), b.clone()],
+        &LineOpts {
+            log_y: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (_, svg) = check(&paths, "loss");
+    assert_texts(
+        &svg,
+        &["Training loss", "step", "loss (nats/token)", "Mamba-2"],
+    );
+    // the SVG stays a sensible size even for thousands of points
+    assert!(svg.len() < 2_000_000, "SVG is {} bytes", svg.len());
+
+    let paths = line_plot(
+        &dir,
+        "loss_lin",
+        "Training loss",
+        "step",
+        "loss (nats/token)",
+        &[a, b],
+        &LineOpts::default(),
+    )
+    .unwrap();
+    check(&paths, "loss_lin");
+}
+
+#[test]
+fn line_plot_edge_cases_do_not_panic() {
+    let (_t, dir) = out_dir("line_edge");
+    let cases: Vec<(&str, Vec<Series>, LineOpts)> = vec![
+        ("no_series", vec![], LineOpts::default()),
+        (
+            "empty_points",
+            vec![Series::new("empty", vec![])],
+            LineOpts::default(),
+        ),
+        (
+            "single",
+            vec![Series::with_err("one", vec![(3.0, 0.5)], vec![0.1])],
+            LineOpts::default(),
+        ),
+        (
+            "constant",
+            vec![Series::new(
+                "flat",
+                vec![(0.0, 2.0), (1.0, 2.0), (2.0, 2.0)],
+            )],
+            LineOpts::default(),
+        ),
+        (
+            "all_nan",
+            vec![Series::new("nan", vec![(f64::NAN, 1.0), (1.0, f64::NAN)])],
+            LineOpts::default(),
+        ),
+        (
+            "log_nonpositive",
+            vec![Series::with_err(
+                "mixed",
+                vec![
+                    (-1.0, 1.0),
+                    (0.0, 2.0),
+                    (1.0, -3.0),
+                    (10.0, 0.5),
+                    (100.0, 0.2),
+                ],
+                vec![0.1, 0.1, 0.1, 1.0, f64::NAN],
+            )],
+            LineOpts {
+                log_x: true,
+                log_y: true,
+                y_range: None,
+            },
+        ),
+        (
+            "out_of_range",
+            vec![Series::new(
+                "wild",
+                vec![(0.0, -5.0), (1.0, 0.5), (2.0, 9.0), (3.0, 0.2)],
+            )],
+            LineOpts {
+                y_range: Some((0.0, 1.0)),
+                ..Default::default()
+            },
+        ),
+        (
+            "bad_range",
+            vec![Series::new("s", vec![(0.0, 1.0), (1.0, 2.0)])],
+            LineOpts {
+                y_range: Some((1.0, f64::NAN)),
+                log_y: true,
+                ..Default::default()
+            },
+        ),
+        (
+            "err_len_mismatch",
+            vec![Series::with_err(
+                "s",
+                vec![(0.0, 1.0), (1.0, 2.0), (2.0, 1.5)],
+                vec![0.3],
+            )],
+            LineOpts::default(),
+        ),
+        (
+            "tiny_values",
+            vec![Series::new(
+                "lr",
+                vec![(0.0, 1e-5), (1.0, 3e-4), (2.0, 2e-4)],
+            )],
+            LineOpts::default(),
+        ),
+    ];
+    for (stem, series, opts) in cases {
+        let paths = line_plot(&dir, stem, stem, "x", "y", &series, &opts)
+            .unwrap_or_else(|e| panic!("{stem}: {e:#}"));
+        let (_, svg) = check(&paths, stem);
+        assert_texts(&svg, &[stem, "x", "y"]);
+    }
+}
+
+fn lambda_like(rows: usize, cols: usize) -> Vec<f64> {
+    let mut d = vec![0.0; rows * cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            let t = c as f64 / cols as f64;
+            d[r * cols + c] =
+                (0.5 + 0.5 * ((r as f64 * 0.7) + t * 9.0).sin()) * (r as f64 + 1.0) / rows as f64;
+        }
+    }
+    d
+}
+
+#[test]
+fn heatmap_writes_colorbar_with_min_and_max() {
+    let (_t, dir) = out_dir("heatmap");
+    let (rows, cols) = (11, 1024);
+    let mut data = lambda_like(rows, cols);
+    data[5] = -2.5; // minimum
+    data[rows * cols - 7] = 7.25; // maximum
+    let shades = [
+        Shade {
+            label: "key-value pairs".into(),
+            range: 0..640,
+            color: (44, 160, 44),
+        },
+        Shade {
+            label: "queries".into(),
+            range: 640..1024,
+            color: (214, 39, 40),
+        },
+    ];
+    let paths = heatmap(
+        &dir,
+        "lambda",
+        "λ per Fenwick level (layer 0, head 0)",
+        "token position t",
+        "Fenwick level ℓ",
+        "λ (gate value)",
+        &data,
+        rows,
+        cols,
+        &shades,
+    )
+    .unwrap();
+    let ((w, _), svg) = check(&paths, "lambda");
+    assert_eq!(w, 1300);
+    assert_texts(
+        &svg,
+        &[
+            "λ per Fenwick level (layer 0, head 0)",
+            "token position t",
+            "Fenwick level ℓ",
+            "λ (gate value)",
+            "-2.5",
+            "7.25",
+            "key-value pairs",
+            "queries",
+            "0",
+            "10",
+        ],
+    );
+}
+
+#[test]
+fn heatmap_edge_cases_do_not_panic() {
+    let (_t, dir) = out_dir("heatmap_edge");
+    // constant: the colour bar still has a scale, centred on the value
+    let paths = heatmap(
+        &dir,
+        "constant",
+        "constant",
+        "t",
+        "level",
+        "λ",
+        &[0.5; 40],
+        4,
+        10,
+        &[],
+    )
+    .unwrap();
+    let (_, svg) = check(&paths, "constant");
+    assert_texts(&svg, &["constant", "0.5", "0.45", "0.55"]);
+
+    // all zero
+    let paths = heatmap(
+        &dir,
+        "zeros",
+        "zeros",
+        "t",
+        "level",
+        "λ",
+        &[0.0; 12],
+        3,
+        4,
+        &[],
+    )
+    .unwrap();
+    let (_, svg) = check(&paths, "zeros");
+    assert_texts(&svg, &["0"]);
+
+    // NaN cells are skipped for the scale
+    let mut d = lambda_like(6, 50);
+    d[3] = f64::NAN;
+    d[17] = f64::INFINITY;
+    d[0] = 0.0;
+    d[1] = 3.0;
+    let paths = heatmap(&dir, "nan", "with NaN", "t", "level", "λ", &d, 6, 50, &[]).unwrap();
+    let (_, svg) = check(&paths, "nan");
+    assert_texts(&svg, &["0", "3", "NaN"]);
+
+    // all NaN, single cell, empty, big square, shades out of range / empty / narrow
+    let narrow = [
+        Shade {
+            label: "kv".into(),
+            range: 0..3,
+            color: (44, 160, 44),
+        },
+        Shade {
+            label: "a long label for a narrow band".into(),
+            range: 3..5,
+            color: (214, 39, 40),
+        },
+        Shade {
+            label: "beyond".into(),
+            range: 90..200,
+            color: (0, 0, 255),
+        },
+        Shade {
+            label: "empty".into(),
+            range: 7..7,
+            color: (0, 0, 255),
+        },
+        #[allow(clippy::reversed_empty_ranges)]
+        Shade {
+            label: "reversed".into(),
+            range: 9..2,
+            color: (0, 0, 255),
+        },
+    ];
+    heatmap(
+        &dir,
+        "all_nan",
+        "all NaN",
+        "t",
+        "l",
+        "λ",
+        &[f64::NAN; 6],
+        2,
+        3,
+        &narrow,
+    )
+    .unwrap();
+    heatmap(
+        &dir,
+        "single",
+        "single",
+        "t",
+        "l",
+        "λ",
+        &[1.5],
+        1,
+        1,
+        &narrow,
+    )
+    .unwrap();
+    let paths = heatmap(&dir, "empty", "empty", "t", "l", "λ", &[], 0, 0, &[]).unwrap();
+    check(&paths, "empty");
+    let big = lambda_like(600, 700);
+    let paths = heatmap(&dir, "big", "big", "t", "l", "λ", &big, 600, 700, &narrow).unwrap();
+    let (_, svg) = check(&paths, "big");
+    assert!(svg.len() < 15_000_000, "SVG is {} bytes", svg.len());
+    let paths = heatmap(
+        &dir,
+        "narrow",
+        "narrow shades",
+        "t",
+        "l",
+        "λ",
+        &lambda_like(5, 10),
+        5,
+        10,
+        &narrow,
+    )
+    .unwrap();
+    let (_, svg) = check(&paths, "narrow");
+    assert_texts(&svg, &["kv", "a long label for a narrow band"]);
+
+    // a size mismatch is an error, not a panic
+    let err = heatmap(&dir, "bad", "bad", "t", "l", "λ", &[1.0; 5], 2, 3, &[]).unwrap_err();
+    assert!(format!("{err:#}").contains("2×3"), "{err:#}");
+}
+
+#[test]
+fn histogram_overlays_with_legend() {
+    let (_t, dir) = out_dir("histogram");
+    let sample = |n: usize, mu: f64, s: f64| -> Vec<f64> {
+        // deterministic, roughly bell-shaped
+        (0..n)
+            .map(|i| {
+                let u = (i as f64 + 0.5) / n as f64;
+                let z = (u - 0.5) * 6.0;
+                mu + s * z.signum() * z.abs().powf(0.7) * 0.6
+            })
+            .collect()
+    };
+    let mut b = sample(3000, 0.6, 0.15);
+    b.push(f64::NAN);
+    let series = vec![
+        ("linear".to_string(), sample(4000, 0.3, 0.2)),
+        ("mlp_softplus".to_string(), b),
+        ("mlp_softmax".to_string(), sample(2000, 0.8, 0.05)),
+    ];
+    let paths = histogram(&dir, "lambda_hist", "λ values by λ mode", "λ", &series, 60).unwrap();
+    let (_, svg) = check(&paths, "lambda_hist");
+    assert_texts(
+        &svg,
+        &[
+            "λ values by λ mode",
+            "λ",
+            "density",
+            "linear (n=4000)",
+            "mlp_softplus (n=3000)",
+        ],
+    );
+}
+
+#[test]
+fn histogram_edge_cases_do_not_panic() {
+    let (_t, dir) = out_dir("histogram_edge");
+    type Case = (&'static str, Vec<(String, Vec<f64>)>, usize);
+    let cases: Vec<Case> = vec![
+        ("none", vec![], 10),
+        ("empty", vec![("a".into(), vec![])], 10),
+        ("constant", vec![("ones".into(), vec![1.0; 100])], 20),
+        ("single", vec![("one".into(), vec![0.25])], 20),
+        (
+            "nan",
+            vec![("nan".into(), vec![f64::NAN, f64::INFINITY])],
+            20,
+        ),
+        ("zero_bins", vec![("a".into(), vec![0.0, 1.0, 2.0])], 0),
+        (
+            "many_bins",
+            vec![("a".into(), (0..10_000).map(|i| i as f64).collect())],
+            5000,
+        ),
+    ];
+    for (stem, series, bins) in cases {
+        let paths = histogram(&dir, stem, stem, "value", &series, bins)
+            .unwrap_or_else(|e| panic!("{stem}: {e:#}"));
+        let (_, svg) = check(&paths, stem);
+        assert_texts(&svg, &[stem, "value", "density"]);
+    }
+}
+
+#[test]
+fn bar_chart_groups_with_errors() {
+    let (_t, dir) = out_dir("bar");
+    let cats: Vec<String> = (0..12).map(|l| l.to_string()).collect();
+    let groups: Vec<BarGroup> = (0..3)
+        .map(|g| {
+            let v = (0..12)
+                .map(|l| 0.9 - 0.05 * l as f64 + 0.07 * g as f64)
+                .collect();
+            let e = (0..12).map(|l| 0.01 + 0.004 * l as f64).collect();
+            (format!("layer {g}"), v, Some(e))
+        })
+        .collect();
+    let paths = bar_chart(
+        &dir,
+        "lambda_by_level",
+        "Mean λ per Fenwick level",
+        "Fenwick level ℓ",
+        "mean λ",
+        &cats,
+        &groups,
+    )
+    .unwrap();
+    let (_, svg) = check(&paths, "lambda_by_level");
+    assert_texts(
+        &svg,
+        &[
+            "Mean λ per Fenwick level",
+            "Fenwick level ℓ",
+            "mean λ",
+            "layer 0",
+            "layer 2",
+            "0",
+            "11",
+        ],
+    );
+}
+
+#[test]
+fn bar_chart_edge_cases_do_not_panic() {
+    let (_t, dir) = out_dir("bar_edge");
+    let cats = |n: usize| (0..n).map(|i| format!("c{i}")).collect::<Vec<_>>();
+    type G = Vec<BarGroup>;
+    let cases: Vec<(&str, Vec<String>, G)> = vec![
+        ("nothing", vec![], vec![]),
+        ("no_groups", cats(3), vec![]),
+        (
+            "short_values",
+            cats(4),
+            vec![("g".into(), vec![1.0], Some(vec![]))],
+        ),
+        (
+            "nan_and_negative",
+            cats(3),
+            vec![
+                (
+                    "a".into(),
+                    vec![f64::NAN, -1.0, 2.0],
+                    Some(vec![0.1, f64::NAN, 0.5]),
+                ),
+                ("b".into(), vec![0.5, -0.5, f64::INFINITY], None),
+            ],
+        ),
+        (
+            "all_zero",
+            cats(2),
+            vec![("z".into(), vec![0.0, 0.0], None)],
+        ),
+        (
+            "many",
+            cats(64),
+            vec![("g".into(), (0..64).map(|i| i as f64).collect(), None)],
+        ),
+    ];
+    for (stem, c, g) in cases {
+        let paths = bar_chart(&dir, stem, stem, "category", "value", &c, &g)
+            .unwrap_or_else(|e| panic!("{stem}: {e:#}"));
+        let (_, svg) = check(&paths, stem);
+        assert_texts(&svg, &[stem, "category", "value"]);
+    }
+}
+
+#[test]
+fn errors_name_the_path() {
+    let t = tempfile::tempdir().unwrap();
+    let file = t.path().join("not_a_dir");
+    fs::write(&file, "x").unwrap();
+    let err = line_plot(&file, "p", "t", "x", "y", &[], &LineOpts::default()).unwrap_err();
+    assert!(format!("{err:#}").contains("not_a_dir"), "{err:#}");
+    let err = histogram(t.path(), "a/b", "t", "x", &[], 10).unwrap_err();
+    assert!(format!("{err:#}").contains("a/b"), "{err:#}");
+}
