@@ -1,5 +1,13 @@
 //! The experiment side of `loglinear`: tasks, configs, training, evaluation, sweeps, reports and
 //! plots. The binary `loglinear` (src/main.rs) is a thin command-line front end over this crate.
 
+pub mod checkpoint;
+pub mod config;
+pub mod demo;
+pub mod device;
+pub mod model;
 pub mod report;
+pub mod sweep;
 pub mod tasks;
+pub mod train;
+pub mod viz;

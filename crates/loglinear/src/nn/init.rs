@@ -33,7 +33,11 @@ impl Init {
     /// A parameter holding `values`. Parameter ids are numbered in creation order, so a model
     /// built twice from the same config has the same ids (optimiser state, keyed by id, then
     /// survives a restart).
-    pub fn values<const D: usize>(&mut self, values: Vec<f64>, shape: [usize; D]) -> Param<Tensor<D>> {
+    pub fn values<const D: usize>(
+        &mut self,
+        values: Vec<f64>,
+        shape: [usize; D],
+    ) -> Param<Tensor<D>> {
         let data = TensorData::new(values, shape.to_vec());
         let mut param = Param::from_tensor(Tensor::from_data(data, &self.device));
         param.id = ParamId::from(self.next_id);

@@ -1,0 +1,502 @@
+//! Experiment configs: TOML files under `experiments/`, `--set key=value` overrides, a typed
+//! config with every key checked, and the `[sweep]` table that turns one file into many runs.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use loglinear::fenwick::num_levels;
+use loglinear::nn::LambdaMode;
+use loglinear::ops::Form;
+use serde::{Deserialize, Serialize};
+
+use crate::tasks::TaskConfig;
+
+/// One training run, fully specified.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExperimentConfig {
+    /// Name used for the run directory and in reports.
+    #[serde(default = "default_name")]
+    pub name: String,
+    /// Seed of the model init, the training data and the batch order.
+    #[serde(default)]
+    pub seed: u64,
+    /// The task and its data.
+    pub task: TaskConfig,
+    /// The model.
+    pub model: ModelConfig,
+    /// Optimiser and schedule.
+    #[serde(default)]
+    pub train: TrainConfig,
+    /// Evaluation.
+    #[serde(default)]
+    pub eval: EvalConfig,
+}
+
+fn default_name() -> String {
+    "run".into()
+}
+
+/// Which network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Arch {
+    /// The log-linear Mamba-2 LM of the official code (conv, gate, gated RMSNorm, GatedMLP).
+    Mamba2,
+    /// The simplified model of the adaptive-decay paper's synthetic runs (spec §7.2.2).
+    PaperSynthetic,
+}
+
+/// Which form of the core op to train with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FormName {
+    /// Quadratic.
+    Parallel,
+    /// Chunkwise (default).
+    Chunked,
+    /// Token by token.
+    Recurrent,
+}
+
+/// Model configuration (both architectures; fields that one of them ignores say so).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Architecture.
+    #[serde(default = "d_arch")]
+    pub arch: Arch,
+    /// λ mode.
+    #[serde(default)]
+    pub lambda: LambdaMode,
+    /// λ slots; default `num_levels` of the longest sequence the run sees (train or test
+    /// length), so test-length evaluation has its levels.
+    #[serde(default)]
+    pub levels: Option<usize>,
+    /// Hidden width of the λ-MLP.
+    #[serde(default = "d_64")]
+    pub mlp_hidden: usize,
+    /// Model width.
+    #[serde(default = "d_64")]
+    pub d_model: usize,
+    /// Number of layers.
+    #[serde(default = "d_2")]
+    pub n_layers: usize,
+    /// Heads (paper_synthetic; for mamba2 heads = expand·d_model/head_dim).
+    #[serde(default = "d_1")]
+    pub heads: usize,
+    /// Value width per head `P`.
+    #[serde(default = "d_64")]
+    pub head_dim: usize,
+    /// Key width `N`.
+    #[serde(default = "d_64")]
+    pub d_state: usize,
+    /// Inner width factor (mamba2).
+    #[serde(default = "d_1")]
+    pub expand: usize,
+    /// B/C groups (mamba2).
+    #[serde(default = "d_1")]
+    pub n_groups: usize,
+    /// Conv width (mamba2).
+    #[serde(default = "d_4")]
+    pub conv_kernel: usize,
+    /// GatedMLP width (mamba2); default by the spec's rule.
+    #[serde(default)]
+    pub mlp_width: Option<usize>,
+    /// Tie the LM head to the embedding (mamba2).
+    #[serde(default)]
+    pub tie_embeddings: bool,
+    /// Std of the normal init.
+    #[serde(default = "d_std")]
+    pub initializer_range: f64,
+    /// Core-op form for training and evaluation.
+    #[serde(default = "d_form")]
+    pub form: FormName,
+    /// Chunk size of the chunked form (a power of two).
+    #[serde(default = "d_64")]
+    pub chunk: usize,
+}
+
+fn d_arch() -> Arch {
+    Arch::PaperSynthetic
+}
+fn d_form() -> FormName {
+    FormName::Chunked
+}
+fn d_64() -> usize {
+    64
+}
+fn d_4() -> usize {
+    4
+}
+fn d_2() -> usize {
+    2
+}
+fn d_1() -> usize {
+    1
+}
+fn d_std() -> f64 {
+    0.02
+}
+
+impl ModelConfig {
+    /// The core-op form.
+    pub fn form(&self) -> Form {
+        match self.form {
+            FormName::Parallel => Form::Parallel,
+            FormName::Chunked => Form::Chunked { chunk: self.chunk },
+            FormName::Recurrent => Form::Recurrent,
+        }
+    }
+}
+
+/// Optimiser.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OptimizerName {
+    /// Adam (L2 weight decay folded into the gradient, as torch.optim.Adam).
+    Adam,
+    /// AdamW (decoupled weight decay).
+    Adamw,
+}
+
+/// Learning-rate schedule after the warm-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Schedule {
+    /// Constant at `lr`.
+    Constant,
+    /// Cosine from `lr` to `min_lr` at `steps`.
+    Cosine,
+}
+
+/// Training settings (missing keys take the defaults).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Optimiser steps.
+    pub steps: usize,
+    /// Sequences per step.
+    pub batch_size: usize,
+    /// Size of the fixed training pool (each step draws `batch_size` distinct sequences).
+    pub train_examples: usize,
+    /// Optimiser.
+    pub optimizer: OptimizerName,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Weight decay.
+    pub weight_decay: f64,
+    /// Adam β₁.
+    pub beta1: f64,
+    /// Adam β₂.
+    pub beta2: f64,
+    /// Adam ε.
+    pub eps: f64,
+    /// Schedule after warm-up.
+    pub schedule: Schedule,
+    /// Linear warm-up steps from 0.
+    pub warmup_steps: usize,
+    /// Final learning rate of the cosine schedule.
+    pub min_lr: f64,
+    /// Clip the global gradient norm to this value (none if absent).
+    pub grad_clip: Option<f64>,
+    /// Log loss and throughput every this many steps.
+    pub log_every: usize,
+    /// Write a resumable checkpoint every this many steps.
+    pub checkpoint_every: usize,
+}
+
+impl Default for TrainConfig {
+    /// The adaptive-decay MQAR sweep: Adam, lr 1e-3 constant, batch 64, 5,000 steps, clip 1.0.
+    fn default() -> Self {
+        Self {
+            steps: 5000,
+            batch_size: 64,
+            train_examples: 10_000,
+            optimizer: OptimizerName::Adam,
+            lr: 1e-3,
+            weight_decay: 0.0,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            schedule: Schedule::Constant,
+            warmup_steps: 0,
+            min_lr: 0.0,
+            grad_clip: Some(1.0),
+            log_every: 10,
+            checkpoint_every: 250,
+        }
+    }
+}
+
+/// Evaluation settings (missing keys take the defaults).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EvalConfig {
+    /// Evaluate every this many steps (and at the end).
+    pub every: usize,
+    /// Size of the held-out pool.
+    pub examples: usize,
+    /// The held-out pool is generated from `seed + seed_offset`.
+    pub seed_offset: u64,
+    /// Stop once held-out accuracy reaches this fraction (none: never).
+    pub early_stop_acc: Option<f64>,
+    /// Also evaluate at this sequence length (length generalisation: train at T, test at T').
+    pub test_seq_len: Option<usize>,
+    /// Sequences per evaluation batch.
+    pub batch_size: usize,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        Self {
+            every: 100,
+            examples: 1000,
+            seed_offset: 1,
+            early_stop_acc: Some(0.99),
+            test_seq_len: None,
+            batch_size: 250,
+        }
+    }
+}
+
+impl ExperimentConfig {
+    /// The longest sequence the run sees.
+    pub fn max_seq_len(&self) -> usize {
+        self.task.seq_len().max(self.eval.test_seq_len.unwrap_or(0))
+    }
+
+    /// The config with every derived choice written out (today: `model.levels`), as stored in
+    /// the run directory, so that evaluating at another length keeps the trained model's shape.
+    pub fn resolved(&self) -> Self {
+        let mut c = self.clone();
+        c.model.levels = Some(self.levels());
+        c
+    }
+
+    /// λ slots of the model.
+    pub fn levels(&self) -> usize {
+        self.model
+            .levels
+            .unwrap_or_else(|| num_levels(self.max_seq_len()))
+    }
+
+    /// Checks every cross-field constraint, naming the key.
+    pub fn validate(&self) -> Result<()> {
+        self.task
+            .validate()
+            .map_err(|e| anyhow::anyhow!("task: {e}"))?;
+        let t = &self.train;
+        let m = &self.model;
+        let checks: [(bool, String); 9] = [
+            (t.steps > 0, "train.steps must be positive".into()),
+            (t.batch_size > 0, "train.batch_size must be positive".into()),
+            (
+                t.train_examples >= t.batch_size,
+                format!(
+                    "train.train_examples ({}) must be at least train.batch_size ({}): a batch holds distinct sequences",
+                    t.train_examples, t.batch_size
+                ),
+            ),
+            (
+                t.lr > 0.0 && t.lr.is_finite(),
+                format!("train.lr must be positive, got {}", t.lr),
+            ),
+            (
+                (0.0..1.0).contains(&t.beta1) && (0.0..1.0).contains(&t.beta2),
+                "train.beta1 and train.beta2 must lie in [0, 1)".into(),
+            ),
+            (
+                self.eval.every > 0 && self.eval.examples > 0 && self.eval.batch_size > 0,
+                "eval.every, eval.examples and eval.batch_size must be positive".into(),
+            ),
+            (
+                m.chunk.is_power_of_two(),
+                format!("model.chunk must be a power of two, got {}", m.chunk),
+            ),
+            (
+                self.levels() >= num_levels(self.max_seq_len()),
+                format!(
+                    "model.levels = {} is too few for sequences of length {}: need {}",
+                    self.levels(),
+                    self.max_seq_len(),
+                    num_levels(self.max_seq_len())
+                ),
+            ),
+            (
+                t.log_every > 0 && t.checkpoint_every > 0,
+                "train.log_every and train.checkpoint_every must be positive".into(),
+            ),
+        ];
+        if let Some((_, msg)) = checks.iter().find(|(ok, _)| !ok) {
+            bail!("{msg}");
+        }
+        if let Some(test) = self.eval.test_seq_len {
+            self.task
+                .with_seq_len(test)
+                .validate()
+                .map_err(|e| anyhow::anyhow!("eval.test_seq_len = {test}: {e}"))?;
+        }
+        if let Some(acc) = self.eval.early_stop_acc
+            && !(0.0..=1.0).contains(&acc)
+        {
+            bail!("eval.early_stop_acc is a fraction in [0, 1], got {acc}");
+        }
+        crate::model::check_model_config(self)?;
+        Ok(())
+    }
+}
+
+/// A config file split into the run config and its sweep axes.
+#[derive(Clone, Debug)]
+pub struct ConfigFile {
+    /// The base config with the overrides applied (as TOML, before typing).
+    pub base: toml::Table,
+    /// `[sweep]`: dotted key → values, in the file's order.
+    pub sweep: Vec<(String, Vec<toml::Value>)>,
+}
+
+impl ConfigFile {
+    /// Reads a TOML file and applies `key=value` overrides (values parsed as TOML; a bare word is
+    /// taken as a string).
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config {}", path.display()))?;
+        Self::parse(&text, overrides).with_context(|| format!("in config {}", path.display()))
+    }
+
+    /// [`ConfigFile::load`] from a string.
+    pub fn parse(text: &str, overrides: &[String]) -> Result<Self> {
+        let mut base: toml::Table = toml::from_str(text).context("invalid TOML")?;
+        let sweep: Vec<(String, Vec<toml::Value>)> = match base.remove("sweep") {
+            None => Vec::new(),
+            Some(toml::Value::Table(t)) => t
+                .into_iter()
+                .map(|(k, v)| match v {
+                    toml::Value::Array(values) if !values.is_empty() => Ok((k, values)),
+                    _ => bail!("sweep.\"{k}\" must be a non-empty array of values"),
+                })
+                .collect::<Result<_>>()?,
+            Some(_) => bail!("[sweep] must be a table of key = [values]"),
+        };
+        let mut sweep = sweep;
+        for item in overrides {
+            let (key, value) = item
+                .split_once('=')
+                .with_context(|| format!("--set {item:?}: expected key=value"))?;
+            let key = task_alias(&base, key.trim());
+            set_key(&mut base, &key, parse_value(value.trim()))
+                .with_context(|| format!("--set {item:?}"))?;
+            // An override pins a swept key to one value.
+            sweep.retain(|(k, _)| task_alias(&base, k) != key);
+        }
+        Ok(Self { base, sweep })
+    }
+
+    /// The base config, typed and validated.
+    pub fn config(&self) -> Result<ExperimentConfig> {
+        typed(self.base.clone())
+    }
+
+    /// Every combination of the sweep axes (the cartesian product, last key fastest), each with a
+    /// name built from the swept values.
+    pub fn expand(&self) -> Result<Vec<(String, ExperimentConfig)>> {
+        let keys: Vec<&String> = self.sweep.iter().map(|(k, _)| k).collect();
+        let mut combos: Vec<Vec<&toml::Value>> = vec![vec![]];
+        for (_, values) in &self.sweep {
+            combos = combos
+                .into_iter()
+                .flat_map(|prefix| {
+                    values.iter().map(move |v| {
+                        let mut c = prefix.clone();
+                        c.push(v);
+                        c
+                    })
+                })
+                .collect();
+        }
+        combos
+            .into_iter()
+            .map(|values| {
+                let mut table = self.base.clone();
+                let mut parts = Vec::new();
+                for (key, value) in keys.iter().zip(values) {
+                    set_key(&mut table, &task_alias(&self.base, key), value.clone())
+                        .with_context(|| format!("sweep key {key:?}"))?;
+                    parts.push(format!("{}={}", short_key(key), value_label(value)));
+                }
+                let name = if parts.is_empty() {
+                    "run".to_string()
+                } else {
+                    parts.join(",")
+                };
+                let config = typed(table).with_context(|| format!("sweep point {name}"))?;
+                Ok((name, config))
+            })
+            .collect()
+    }
+}
+
+/// Types and validates a TOML table; unknown keys and wrong types name the key path.
+pub fn typed(table: toml::Table) -> Result<ExperimentConfig> {
+    let value = toml::Value::Table(table);
+    let config: ExperimentConfig = serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        anyhow::anyhow!("at key `{path}`: {}", e.into_inner())
+    })?;
+    config.validate()?;
+    Ok(config)
+}
+
+fn parse_value(text: &str) -> toml::Value {
+    // A TOML literal if it parses as one (numbers, booleans, arrays, quoted strings), else a string.
+    toml::from_str::<toml::Table>(&format!("v = {text}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(text.to_string()))
+}
+
+/// `task.X` names key X of whichever task the config has (`task.seq_len` →
+/// `task.mqar.seq_len`), so overrides need not repeat the task's name.
+fn task_alias(table: &toml::Table, key: &str) -> String {
+    if let Some(rest) = key.strip_prefix("task.")
+        && let Some(toml::Value::Table(task)) = table.get("task")
+        && task.len() == 1
+        && let Some(variant) = task.keys().next()
+        && !rest.starts_with(&format!("{variant}."))
+        && rest != variant
+    {
+        return format!("task.{variant}.{rest}");
+    }
+    key.to_string()
+}
+
+fn set_key(table: &mut toml::Table, dotted: &str, value: toml::Value) -> Result<()> {
+    let parts: Vec<&str> = dotted.split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        bail!("empty segment in key {dotted:?}");
+    }
+    let mut cur = table;
+    for part in &parts[..parts.len() - 1] {
+        let entry = cur
+            .entry(part.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        cur = match entry {
+            toml::Value::Table(t) => t,
+            _ => bail!("key {dotted:?}: {part:?} is a value, not a table"),
+        };
+    }
+    cur.insert(parts[parts.len() - 1].to_string(), value);
+    Ok(())
+}
+
+fn short_key(key: &str) -> &str {
+    key.rsplit('.').next().unwrap_or(key)
+}
+
+fn value_label(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,425 @@
+//! Sweeps: the cartesian product of a config's `[sweep]` table, one run directory each,
+//! restartable (finished runs are skipped, interrupted ones resume), then a summary over seeds.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use burn::prelude::Device;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{ConfigFile, ExperimentConfig};
+use crate::report::{self, LineOpts, Series};
+use crate::train::{self, RunOptions, RunSummary};
+
+/// Sweep keys that are not grouped on: results are averaged over them.
+pub const SEED_KEY: &str = "seed";
+/// The key whose values become the plot's series.
+pub const LAMBDA_KEY: &str = "model.lambda";
+
+/// One point of a sweep, as recorded in `sweep.json`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SweepPoint {
+    /// Run directory name (inside the sweep directory).
+    pub dir: String,
+    /// Swept key → value (as text).
+    pub values: BTreeMap<String, String>,
+}
+
+/// `sweep.json`: the axes and the points, so a summary can be rebuilt later.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SweepIndex {
+    /// Swept keys in order.
+    pub keys: Vec<String>,
+    /// Every run.
+    pub points: Vec<SweepPoint>,
+}
+
+/// Runs every point of `file`'s sweep under `out`, skipping finished runs; then summarises.
+pub fn run_sweep(
+    file: &ConfigFile,
+    out: &Path,
+    device: &Device,
+    progress: bool,
+) -> Result<Vec<SummaryRow>> {
+    let points = file.expand()?;
+    fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let keys: Vec<String> = file.sweep.iter().map(|(k, _)| k.clone()).collect();
+    let mut index = SweepIndex {
+        keys: keys.clone(),
+        points: Vec::new(),
+    };
+    for (name, _) in &points {
+        index.points.push(SweepPoint {
+            dir: name.clone(),
+            values: parse_name(name, &keys),
+        });
+    }
+    crate::checkpoint::write_atomic(&out.join("sweep.json"), &serde_json::to_vec_pretty(&index)?)?;
+    let total = points.len();
+    for (i, (name, config)) in points.into_iter().enumerate() {
+        let dir = out.join(&name);
+        if is_finished(&dir, &config)? {
+            eprintln!("[{}/{total}] {name}: finished, skipped", i + 1);
+            continue;
+        }
+        eprintln!("[{}/{total}] {name}", i + 1);
+        let config = ExperimentConfig {
+            name: format!("{}/{}", config.name, name),
+            ..config
+        };
+        let opts = RunOptions {
+            out: dir,
+            device: device.clone(),
+            resume: true,
+            progress,
+            stop_after: None,
+        };
+        train::train(&config, &opts).with_context(|| format!("sweep run {name}"))?;
+    }
+    summarise(out)
+}
+
+/// Whether `dir` holds a finished run of exactly `config`.
+fn is_finished(dir: &Path, config: &ExperimentConfig) -> Result<bool> {
+    let (summary, cfg) = (dir.join("summary.json"), dir.join("config.toml"));
+    if !summary.exists() || !cfg.exists() {
+        return Ok(false);
+    }
+    let previous: ExperimentConfig = toml::from_str(&fs::read_to_string(&cfg)?)
+        .with_context(|| format!("cannot read {}", cfg.display()))?;
+    // The run name carries the sweep prefix; everything else must match.
+    let config = config.resolved();
+    Ok(ExperimentConfig {
+        name: config.name.clone(),
+        ..previous
+    } == config)
+}
+
+fn parse_name(name: &str, keys: &[String]) -> BTreeMap<String, String> {
+    // Names are `short=value,short=value` in key order (see ConfigFile::expand).
+    keys.iter()
+        .zip(name.split(','))
+        .map(|(k, part)| {
+            let value = part.split_once('=').map_or(part, |(_, v)| v);
+            (k.clone(), value.to_string())
+        })
+        .collect()
+}
+
+/// One row of `summary.csv`: a setting (every swept key but the seed) over its seeds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SummaryRow {
+    /// Swept key → value, without the seed.
+    pub setting: BTreeMap<String, String>,
+    /// Finished runs.
+    pub n: usize,
+    /// Mean and sample standard deviation of the best held-out accuracy (fractions).
+    pub best: (f64, f64),
+    /// Mean and standard deviation of the last held-out accuracy.
+    pub last: (f64, f64),
+    /// Mean and standard deviation of the test-length accuracy at the best step, if any.
+    pub test: Option<(f64, f64)>,
+    /// Per-seed best accuracies, in seed order.
+    pub per_seed: Vec<f64>,
+}
+
+/// Mean and sample standard deviation (0 for a single value).
+pub fn mean_std(values: &[f64]) -> (f64, f64) {
+    let n = values.len();
+    if n == 0 {
+        return (f64::NAN, f64::NAN);
+    }
+    let mean = values.iter().sum::<f64>() / n as f64;
+    if n == 1 {
+        return (mean, 0.0);
+    }
+    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    (mean, var.sqrt())
+}
+
+/// Reads every finished run of a sweep directory and writes `summary.md`, `summary.csv` and
+/// the plots (accuracy vs the swept variable, one series per λ mode).
+pub fn summarise(sweep_dir: &Path) -> Result<Vec<SummaryRow>> {
+    let index_path = sweep_dir.join("sweep.json");
+    let index: SweepIndex = serde_json::from_slice(
+        &fs::read(&index_path).with_context(|| format!("cannot read {}", index_path.display()))?,
+    )
+    .with_context(|| format!("{} is not a sweep index", index_path.display()))?;
+    let mut groups: BTreeMap<Vec<(String, String)>, Vec<(String, RunSummary)>> = BTreeMap::new();
+    for point in &index.points {
+        let path = sweep_dir.join(&point.dir).join("summary.json");
+        let Ok(bytes) = fs::read(&path) else { continue };
+        let summary: RunSummary = serde_json::from_slice(&bytes)
+            .with_context(|| format!("{} is not a run summary", path.display()))?;
+        let setting: Vec<(String, String)> = point
+            .values
+            .iter()
+            .filter(|(k, _)| k.as_str() != SEED_KEY)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let seed = point.values.get(SEED_KEY).cloned().unwrap_or_default();
+        groups.entry(setting).or_default().push((seed, summary));
+    }
+    let rows: Vec<SummaryRow> = groups
+        .into_iter()
+        .map(|(setting, mut runs)| {
+            runs.sort_by(|a, b| natural(&a.0).cmp(&natural(&b.0)));
+            let best: Vec<f64> = runs.iter().map(|(_, s)| s.best_acc).collect();
+            let last: Vec<f64> = runs.iter().map(|(_, s)| s.last_acc).collect();
+            let test: Vec<f64> = runs.iter().filter_map(|(_, s)| s.best_test_acc).collect();
+            SummaryRow {
+                setting: setting.into_iter().collect(),
+                n: runs.len(),
+                best: mean_std(&best),
+                last: mean_std(&last),
+                test: (!test.is_empty()).then(|| mean_std(&test)),
+                per_seed: best,
+            }
+        })
+        .collect();
+    let keys: Vec<String> = index
+        .keys
+        .iter()
+        .filter(|k| *k != SEED_KEY)
+        .cloned()
+        .collect();
+    fs::write(sweep_dir.join("summary.csv"), summary_csv(&rows, &keys))?;
+    fs::write(
+        sweep_dir.join("summary.md"),
+        summary_markdown(&rows, &keys, &index),
+    )?;
+    plot_summary(sweep_dir, &rows, &keys)?;
+    Ok(rows)
+}
+
+fn natural(s: &str) -> (u64, String) {
+    (s.parse::<u64>().unwrap_or(u64::MAX), s.to_string())
+}
+
+fn pct(x: (f64, f64)) -> String {
+    format!("{:.1} ± {:.1}", 100.0 * x.0, 100.0 * x.1)
+}
+
+fn summary_csv(rows: &[SummaryRow], keys: &[String]) -> String {
+    let mut s = keys.join(",");
+    s.push_str(",n,best_acc_mean,best_acc_std,last_acc_mean,last_acc_std,test_acc_mean,test_acc_std,best_acc_per_seed\n");
+    for r in rows {
+        let cells: Vec<String> = keys
+            .iter()
+            .map(|k| r.setting.get(k).cloned().unwrap_or_default())
+            .collect();
+        let (tm, ts) = r.test.map_or((String::new(), String::new()), |t| {
+            (format!("{:.6}", t.0), format!("{:.6}", t.1))
+        });
+        let seeds: Vec<String> = r.per_seed.iter().map(|v| format!("{v:.6}")).collect();
+        s.push_str(&format!(
+            "{},{},{:.6},{:.6},{:.6},{:.6},{},{},{}\n",
+            cells.join(","),
+            r.n,
+            r.best.0,
+            r.best.1,
+            r.last.0,
+            r.last.1,
+            tm,
+            ts,
+            seeds.join(" ")
+        ));
+    }
+    s
+}
+
+fn summary_markdown(rows: &[SummaryRow], keys: &[String], index: &SweepIndex) -> String {
+    let has_test = rows.iter().any(|r| r.test.is_some());
+    let mut s = String::from("# Sweep summary\n\n");
+    s.push_str(&format!(
+        "{} runs over {} settings; accuracy in %, mean ± sample std over seeds (n = seeds finished). \
+         best = best held-out accuracy during training, last = at the final evaluation.\n\n",
+        rows.iter().map(|r| r.n).sum::<usize>(),
+        rows.len()
+    ));
+    let missing = index.points.len() - rows.iter().map(|r| r.n).sum::<usize>();
+    if missing > 0 {
+        s.push_str(&format!(
+            "**{missing} runs have not finished and are not included.**\n\n"
+        ));
+    }
+    let header: Vec<String> = keys.iter().map(|k| format!("`{k}`")).collect();
+    s.push_str(&format!(
+        "| {} | n | best | last |{} per-seed best |\n",
+        header.join(" | "),
+        if has_test {
+            " test length (at best) |"
+        } else {
+            ""
+        }
+    ));
+    s.push_str(&format!(
+        "|{}---|---|---|{}---|\n",
+        "---|".repeat(keys.len()),
+        if has_test { "---|" } else { "" }
+    ));
+    for r in rows {
+        let cells: Vec<String> = keys
+            .iter()
+            .map(|k| r.setting.get(k).cloned().unwrap_or_default())
+            .collect();
+        let seeds: Vec<String> = r
+            .per_seed
+            .iter()
+            .map(|v| format!("{:.1}", 100.0 * v))
+            .collect();
+        s.push_str(&format!(
+            "| {} | {} | {} | {} |{} {} |\n",
+            cells.join(" | "),
+            r.n,
+            pct(r.best),
+            pct(r.last),
+            if has_test {
+                format!(" {} |", r.test.map_or("–".into(), pct))
+            } else {
+                String::new()
+            },
+            seeds.join(", ")
+        ));
+    }
+    s
+}
+
+/// One plot per combination of the keys that are neither the λ mode nor the x variable:
+/// x = the last swept key other than the λ mode (numeric if possible), one series per λ mode.
+fn plot_summary(dir: &Path, rows: &[SummaryRow], keys: &[String]) -> Result<Vec<PathBuf>> {
+    let Some(x_key) = keys
+        .iter()
+        .rev()
+        .find(|k| k.as_str() != LAMBDA_KEY)
+        .cloned()
+    else {
+        return plot_modes_only(dir, rows);
+    };
+    let numeric = rows.iter().all(|r| {
+        r.setting
+            .get(&x_key)
+            .is_some_and(|v| v.parse::<f64>().is_ok())
+    });
+    let mut facets: BTreeMap<
+        Vec<(String, String)>,
+        BTreeMap<String, Vec<(f64, f64, f64, String)>>,
+    > = BTreeMap::new();
+    let mut categories: Vec<String> = Vec::new();
+    for r in rows {
+        let facet: Vec<(String, String)> = r
+            .setting
+            .iter()
+            .filter(|(k, _)| **k != x_key && k.as_str() != LAMBDA_KEY)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mode = r
+            .setting
+            .get(LAMBDA_KEY)
+            .cloned()
+            .unwrap_or_else(|| "run".into());
+        let xv = r.setting.get(&x_key).cloned().unwrap_or_default();
+        if !categories.contains(&xv) {
+            categories.push(xv.clone());
+        }
+        let x = if numeric {
+            xv.parse::<f64>().unwrap_or(0.0)
+        } else {
+            0.0
+        };
+        facets
+            .entry(facet)
+            .or_default()
+            .entry(mode)
+            .or_default()
+            .push((x, r.best.0, r.best.1, xv));
+    }
+    let mut paths = Vec::new();
+    for (facet, modes) in facets {
+        let label: Vec<String> = facet
+            .iter()
+            .map(|(k, v)| format!("{}={v}", k.rsplit('.').next().unwrap_or(k)))
+            .collect();
+        let stem = if label.is_empty() {
+            "accuracy".to_string()
+        } else {
+            format!("accuracy_{}", label.join("_"))
+        };
+        let series: Vec<Series> = modes
+            .into_iter()
+            .map(|(mode, mut pts)| {
+                if !numeric {
+                    for p in &mut pts {
+                        p.0 = categories.iter().position(|c| *c == p.3).unwrap_or(0) as f64;
+                    }
+                }
+                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                Series {
+                    name: mode,
+                    points: pts.iter().map(|p| (p.0, 100.0 * p.1)).collect(),
+                    err: Some(pts.iter().map(|p| 100.0 * p.2).collect()),
+                }
+            })
+            .collect();
+        let title = if label.is_empty() {
+            "Best held-out accuracy (mean ± std over seeds)".to_string()
+        } else {
+            format!(
+                "Best held-out accuracy, {} (mean ± std over seeds)",
+                label.join(", ")
+            )
+        };
+        let log_x = numeric && {
+            let xs: Vec<f64> = series
+                .iter()
+                .flat_map(|s| s.points.iter().map(|p| p.0))
+                .collect();
+            let (lo, hi) = xs
+                .iter()
+                .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+            lo > 0.0 && hi / lo >= 8.0
+        };
+        let x_label = if numeric {
+            x_key.clone()
+        } else {
+            format!("{x_key} ({})", categories.join(", "))
+        };
+        paths.extend(report::line_plot(
+            dir,
+            &stem,
+            &title,
+            &x_label,
+            "accuracy (%)",
+            &series,
+            &LineOpts {
+                log_x,
+                log_y: false,
+                y_range: Some((0.0, 100.0)),
+            },
+        )?);
+    }
+    Ok(paths)
+}
+
+fn plot_modes_only(dir: &Path, rows: &[SummaryRow]) -> Result<Vec<PathBuf>> {
+    let categories: Vec<String> = rows
+        .iter()
+        .map(|r| r.setting.values().cloned().collect::<Vec<_>>().join(","))
+        .collect();
+    let groups = vec![(
+        "best accuracy".to_string(),
+        rows.iter().map(|r| 100.0 * r.best.0).collect(),
+        Some(rows.iter().map(|r| 100.0 * r.best.1).collect()),
+    )];
+    report::bar_chart(
+        dir,
+        "accuracy",
+        "Best held-out accuracy (mean ± std over seeds)",
+        "setting",
+        "accuracy (%)",
+        &categories,
+        &groups,
+    )
+}

@@ -1,0 +1,491 @@
+//! The training loop: reads top to bottom (nanoGPT style).
+//!
+//! `lr_at` → `sample_batch` → forward → masked loss → backward → global-norm clip → optimiser
+//! step; every `eval.every` steps `evaluate` on the held-out pool (and at the test length),
+//! keep the best weights, stop early at the accuracy threshold; a resumable checkpoint every
+//! `train.checkpoint_every` steps; metrics appended to `metrics.jsonl`.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::optim::{AdamConfig, AdamWConfig, GradientsParams, ModuleOptimizer};
+use burn::prelude::*;
+use burn::tensor::TensorData;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::checkpoint::{self, TrainState};
+use crate::config::{ExperimentConfig, OptimizerName, Schedule, TrainConfig};
+use crate::model::{Model, masked_cross_entropy};
+use crate::tasks::{Example, batch, masked_accuracy};
+
+/// How a run is executed (not part of the experiment itself).
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Run directory (config, metrics, checkpoints).
+    pub out: PathBuf,
+    /// Device to train on.
+    pub device: Device,
+    /// Continue from the latest checkpoint in `out` if there is one.
+    pub resume: bool,
+    /// Show a progress bar.
+    pub progress: bool,
+    /// Stop (as if killed) after this many steps of this invocation: for tests of resuming.
+    pub stop_after: Option<usize>,
+}
+
+/// What a finished run reports (also written to `summary.json`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RunSummary {
+    /// Run name.
+    pub name: String,
+    /// Steps completed.
+    pub steps: usize,
+    /// Best held-out accuracy (fraction).
+    pub best_acc: f64,
+    /// Step of the best accuracy.
+    pub best_step: usize,
+    /// Held-out accuracy at the last evaluation.
+    pub last_acc: f64,
+    /// Held-out loss at the last evaluation.
+    pub last_loss: f64,
+    /// Test-length accuracy at the best step (if a test length is set).
+    pub best_test_acc: Option<f64>,
+    /// Best test-length accuracy over all evaluations (if a test length is set).
+    pub max_test_acc: Option<f64>,
+    /// Whether the accuracy threshold stopped the run.
+    pub stopped_early: bool,
+    /// Trainable parameters.
+    pub params: usize,
+    /// Wall-clock seconds of this invocation.
+    pub seconds: f64,
+}
+
+/// Held-out metrics.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EvalMetrics {
+    /// Fraction of scored positions predicted right.
+    pub acc: f64,
+    /// Mean cross-entropy over scored positions.
+    pub loss: f64,
+    /// Scored positions.
+    pub scored: usize,
+}
+
+/// Learning rate at `step` (0-based): 1) linear warm-up from 0, 2) constant, or 3) cosine to
+/// `min_lr` at the last step.
+pub fn lr_at(cfg: &TrainConfig, step: usize) -> f64 {
+    if step < cfg.warmup_steps {
+        return cfg.lr * step as f64 / cfg.warmup_steps as f64;
+    }
+    match cfg.schedule {
+        Schedule::Constant => cfg.lr,
+        Schedule::Cosine => {
+            let span = cfg.steps.saturating_sub(cfg.warmup_steps).max(1) as f64;
+            let progress = ((step - cfg.warmup_steps) as f64 / span).min(1.0);
+            cfg.min_lr
+                + (cfg.lr - cfg.min_lr) * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos())
+        }
+    }
+}
+
+/// The optimiser of a config (weight decay as the config says; clipping is done by
+/// [`clip_global_norm`], as torch's `clip_grad_norm_`, not per tensor).
+pub fn optimizer(cfg: &TrainConfig) -> ModuleOptimizer {
+    match cfg.optimizer {
+        OptimizerName::Adam => {
+            let mut c = AdamConfig::new()
+                .with_beta_1(cfg.beta1 as f32)
+                .with_beta_2(cfg.beta2 as f32)
+                .with_epsilon(cfg.eps as f32);
+            if cfg.weight_decay > 0.0 {
+                c = c.with_weight_decay(Some(burn::optim::decay::WeightDecayConfig::new(
+                    cfg.weight_decay as f32,
+                )));
+            }
+            c.init()
+        }
+        OptimizerName::Adamw => AdamWConfig::new()
+            .with_beta_1(cfg.beta1 as f32)
+            .with_beta_2(cfg.beta2 as f32)
+            .with_epsilon(cfg.eps as f32)
+            .with_weight_decay(cfg.weight_decay as f32)
+            .init(),
+    }
+}
+
+/// The `batch_size` distinct pool indices of `step` (a function of seed and step only).
+pub fn sample_batch(seed: u64, step: usize, pool: usize, batch_size: usize) -> Vec<usize> {
+    let mut rng = checkpoint::step_rng(seed, step);
+    rand::seq::index::sample(&mut rng, pool, batch_size).into_vec()
+}
+
+/// Inputs `[B, T]` and targets `[B, T]` of some examples, on `device`.
+pub fn batch_tensors(
+    examples: &[Example],
+    indices: &[usize],
+    device: &Device,
+) -> (Tensor<2, Int>, Tensor<2, Int>) {
+    let b = batch(examples, indices);
+    let inputs: Vec<i64> = b.inputs.iter().map(|&x| x as i64).collect();
+    let shape = vec![b.batch, b.seq_len];
+    (
+        Tensor::from_data(TensorData::new(inputs, shape.clone()), device),
+        Tensor::from_data(TensorData::new(b.targets, shape), device),
+    )
+}
+
+/// Accuracy and loss over every scored position of `examples`.
+pub fn evaluate(
+    model: &Model,
+    cfg: &ExperimentConfig,
+    examples: &[Example],
+    device: &Device,
+) -> EvalMetrics {
+    let form = cfg.model.form();
+    let (mut correct, mut scored, mut loss_sum) = (0usize, 0usize, 0f64);
+    let indices: Vec<usize> = (0..examples.len()).collect();
+    for chunk in indices.chunks(cfg.eval.batch_size) {
+        let (inputs, targets) = batch_tensors(examples, chunk, device);
+        let logits = model.forward(inputs, form, false).logits;
+        let predictions: Vec<u32> = logits
+            .clone()
+            .argmax(2)
+            .into_data()
+            .try_into_vec_as::<i64>()
+            .expect("argmax indices")
+            .into_iter()
+            .map(|p| p as u32)
+            .collect();
+        let target_values: Vec<i64> = targets.to_data().try_into_vec_as::<i64>().expect("targets");
+        let (c, s) = masked_accuracy(&predictions, &target_values);
+        let (loss, n) = masked_cross_entropy(logits, targets);
+        correct += c;
+        scored += s;
+        loss_sum += loss.into_scalar::<f64>() * n as f64;
+    }
+    EvalMetrics {
+        acc: correct as f64 / scored.max(1) as f64,
+        loss: loss_sum / scored.max(1) as f64,
+        scored,
+    }
+}
+
+/// Scales every gradient by `min(1, max_norm / ‖g‖)` with `‖g‖` the norm over all parameters;
+/// returns `‖g‖`.
+pub fn clip_global_norm(model: &Model, grads: &mut GradientsParams, max_norm: Option<f64>) -> f64 {
+    struct Ids(Vec<(ParamId, usize)>);
+    impl ModuleVisitor for Ids {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.0.push((param.id, D));
+        }
+    }
+    let mut ids = Ids(Vec::new());
+    model.visit(&mut ids);
+    fn sq<const D: usize>(g: &GradientsParams, id: ParamId) -> Option<Tensor<1>> {
+        g.get::<D>(id).map(|t| t.square().sum())
+    }
+    let squares: Vec<Tensor<1>> = ids
+        .0
+        .iter()
+        .filter_map(|&(id, rank)| match rank {
+            1 => sq::<1>(grads, id),
+            2 => sq::<2>(grads, id),
+            3 => sq::<3>(grads, id),
+            4 => sq::<4>(grads, id),
+            _ => None,
+        })
+        .collect();
+    if squares.is_empty() {
+        return 0.0;
+    }
+    let norm = Tensor::cat(squares, 0).sum().into_scalar::<f64>().sqrt();
+    if let Some(max) = max_norm
+        && norm > max
+        && norm.is_finite()
+    {
+        let scale = max / (norm + 1e-6);
+        fn rescale<const D: usize>(g: &mut GradientsParams, id: ParamId, s: f64) {
+            if let Some(t) = g.remove::<D>(id) {
+                g.register(id, t * s);
+            }
+        }
+        for &(id, rank) in &ids.0 {
+            match rank {
+                1 => rescale::<1>(grads, id, scale),
+                2 => rescale::<2>(grads, id, scale),
+                3 => rescale::<3>(grads, id, scale),
+                4 => rescale::<4>(grads, id, scale),
+                _ => {}
+            }
+        }
+    }
+    norm
+}
+
+/// Appends one JSON line to `metrics.jsonl`.
+fn log_metrics(path: &Path, line: serde_json::Value) -> Result<()> {
+    let mut f = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    writeln!(f, "{line}")?;
+    Ok(())
+}
+
+/// Drops metric lines past `step` (written after the checkpoint a resumed run restarts from).
+fn truncate_metrics(path: &Path, step: usize) -> Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let text = fs::read_to_string(path)?;
+    let kept: String = text
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v["step"].as_u64())
+                .is_some_and(|s| s as usize <= step)
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    checkpoint::write_atomic(path, kept.as_bytes())
+}
+
+/// Trains one run to the end (or early stop), resuming if asked; returns its summary.
+pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
+    let started = Instant::now();
+    let cfg = &cfg.resolved();
+    let out = &opts.out;
+    fs::create_dir_all(out)
+        .with_context(|| format!("cannot create run directory {}", out.display()))?;
+    let resolved = toml::to_string_pretty(cfg).context("cannot serialise the config")?;
+    let config_path = out.join("config.toml");
+    if opts.resume && config_path.exists() {
+        let previous = fs::read_to_string(&config_path)?;
+        if previous != resolved {
+            bail!(
+                "{} was written by a different config; resume with the same config or use a new --out",
+                config_path.display()
+            );
+        }
+    }
+    checkpoint::write_atomic(&config_path, resolved.as_bytes())?;
+    let metrics = out.join("metrics.jsonl");
+
+    // Data: a fixed training pool, a held-out pool from another seed, and optionally a pool at
+    // the test length.
+    let t = &cfg.train;
+    let train_pool = cfg.task.generate(t.train_examples, cfg.seed)?;
+    let eval_seed = cfg.seed.wrapping_add(cfg.eval.seed_offset);
+    let eval_pool = cfg.task.generate(cfg.eval.examples, eval_seed)?;
+    let test_pool = match cfg.eval.test_seq_len {
+        Some(len) => Some(
+            cfg.task
+                .with_seq_len(len)
+                .generate(cfg.eval.examples, eval_seed)?,
+        ),
+        None => None,
+    };
+
+    let device = opts.device.clone().autodiff();
+    let mut model = Model::new(cfg, &device);
+    let params = model.num_params();
+    let mut optim = optimizer(t);
+    let mut state = TrainState::default();
+    if opts.resume
+        && let Some(dir) = checkpoint::latest_checkpoint(out)?
+    {
+        let (o, s) = checkpoint::load_checkpoint(&dir, &mut model, optim)?;
+        optim = o;
+        state = s;
+        truncate_metrics(&metrics, state.step)?;
+    } else if metrics.exists() {
+        fs::remove_file(&metrics)?;
+    }
+
+    let bar = progress_bar(opts.progress, t.steps, state.step, &cfg.name);
+    let form = cfg.model.form();
+    let tokens_per_step = (t.batch_size * cfg.task.seq_len()) as f64;
+    let mut last = (f64::NAN, f64::NAN);
+    let mut window = Instant::now();
+    let mut window_steps = 0usize;
+    let first_step = state.step;
+    while state.step < t.steps && !state.stopped_early {
+        if opts
+            .stop_after
+            .is_some_and(|n| state.step - first_step >= n)
+        {
+            bar.abandon();
+            bail!(
+                "stopped after {} steps as asked (--stop-after)",
+                state.step - first_step
+            );
+        }
+        let step = state.step;
+        let lr = lr_at(t, step);
+        let indices = sample_batch(cfg.seed, step, train_pool.len(), t.batch_size);
+        let (inputs, targets) = batch_tensors(&train_pool, &indices, &device);
+        let logits = model.forward(inputs, form, false).logits;
+        let (loss, _) = masked_cross_entropy(logits, targets);
+        let loss_value = loss.clone().into_scalar::<f64>();
+        if !loss_value.is_finite() {
+            bar.abandon();
+            bail!(
+                "the loss became {loss_value} at step {step}; stopping. The last good checkpoint \
+                 (step {}) is kept in {}: lower train.lr or set train.grad_clip and resume",
+                checkpoint::latest_checkpoint(out)?
+                    .and_then(|d| checkpoint::read_state(&d.join("state.json")).ok())
+                    .map_or(0, |s| s.step),
+                checkpoint::checkpoint_root(out).display()
+            );
+        }
+        let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+        let grad_norm = clip_global_norm(&model, &mut grads, t.grad_clip);
+        model = optim.step(lr, model, grads);
+        state.step += 1;
+        window_steps += 1;
+
+        if state.step % t.log_every == 0 || state.step == t.steps {
+            let secs = window.elapsed().as_secs_f64().max(1e-9);
+            let tps = tokens_per_step * window_steps as f64 / secs;
+            log_metrics(
+                &metrics,
+                json!({"step": state.step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tps}),
+            )?;
+            bar.set_message(format!(
+                "loss {loss_value:.4} acc {} {:.0} tok/s",
+                fmt_acc(last.0),
+                tps
+            ));
+            window = Instant::now();
+            window_steps = 0;
+        }
+
+        if state.step % cfg.eval.every == 0 || state.step == t.steps {
+            let valid = model.valid();
+            let e = evaluate(&valid, cfg, &eval_pool, &opts.device);
+            let test = test_pool
+                .as_ref()
+                .map(|p| evaluate(&valid, cfg, p, &opts.device));
+            last = (e.acc, e.loss);
+            let mut line = json!({"step": state.step, "eval_acc": e.acc, "eval_loss": e.loss});
+            if let Some(test) = test {
+                line["test_acc"] = json!(test.acc);
+                line["test_loss"] = json!(test.loss);
+            }
+            log_metrics(&metrics, line)?;
+            if state.best_acc.is_none_or(|b| e.acc > b) {
+                state.best_acc = Some(e.acc);
+                state.best_step = Some(state.step);
+                state.best_loss = Some(e.loss);
+                state.best_test_acc = test.map(|x| x.acc);
+                checkpoint::save_best(out, &model, &state)?;
+            }
+            if cfg.eval.early_stop_acc.is_some_and(|thr| e.acc >= thr) {
+                state.stopped_early = true;
+            }
+            bar.set_message(format!("loss {loss_value:.4} acc {}", fmt_acc(e.acc)));
+        }
+        if state.step % t.checkpoint_every == 0 || state.step == t.steps || state.stopped_early {
+            checkpoint::save_checkpoint(out, &model, &optim, &state)?;
+        }
+        bar.set_position(state.step as u64);
+    }
+    bar.finish();
+    let summary = summarise(cfg, out, &state, params, started.elapsed().as_secs_f64())?;
+    checkpoint::write_atomic(
+        &out.join("summary.json"),
+        &serde_json::to_vec_pretty(&summary)?,
+    )?;
+    Ok(summary)
+}
+
+fn fmt_acc(a: f64) -> String {
+    if a.is_nan() {
+        "-".into()
+    } else {
+        format!("{:.1}%", 100.0 * a)
+    }
+}
+
+/// The run's summary, read back from its metrics (so it is the same after a resume).
+fn summarise(
+    cfg: &ExperimentConfig,
+    out: &Path,
+    state: &TrainState,
+    params: usize,
+    seconds: f64,
+) -> Result<RunSummary> {
+    let evals = read_metrics(&out.join("metrics.jsonl"))?
+        .into_iter()
+        .filter(|m| m.get("eval_acc").is_some())
+        .collect::<Vec<_>>();
+    let last = evals.last();
+    let get = |m: Option<&serde_json::Value>, k: &str| m.and_then(|m| m[k].as_f64());
+    Ok(RunSummary {
+        name: cfg.name.clone(),
+        steps: state.step,
+        best_acc: state.best_acc.unwrap_or(0.0),
+        best_step: state.best_step.unwrap_or(0),
+        last_acc: get(last, "eval_acc").unwrap_or(0.0),
+        last_loss: get(last, "eval_loss").unwrap_or(f64::NAN),
+        best_test_acc: state.best_test_acc,
+        max_test_acc: evals
+            .iter()
+            .filter_map(|m| m["test_acc"].as_f64())
+            .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x)))),
+        stopped_early: state.stopped_early,
+        params,
+        seconds,
+    })
+}
+
+/// Every line of a `metrics.jsonl`.
+pub fn read_metrics(path: &Path) -> Result<Vec<serde_json::Value>> {
+    let text =
+        fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            serde_json::from_str(l).with_context(|| format!("bad line in {}: {l}", path.display()))
+        })
+        .collect()
+}
+
+fn progress_bar(show: bool, total: usize, pos: usize, name: &str) -> indicatif::ProgressBar {
+    if !show {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{prefix} [{bar:30}] step {pos}/{len} {msg} ETA {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_prefix(name.to_string());
+    bar.set_position(pos as u64);
+    bar
+}
+
+/// Evaluates a finished run's best checkpoint on its task (or a modified task).
+pub fn evaluate_run(
+    run_dir: &Path,
+    cfg: &ExperimentConfig,
+    device: &Device,
+) -> Result<EvalMetrics> {
+    let mut model = Model::new(cfg, device);
+    checkpoint::load_run_model(run_dir, &mut model)?;
+    let pool = cfg.task.generate(
+        cfg.eval.examples,
+        cfg.seed.wrapping_add(cfg.eval.seed_offset),
+    )?;
+    Ok(evaluate(&model, cfg, &pool, device))
+}

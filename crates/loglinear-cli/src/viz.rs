@@ -1,0 +1,321 @@
+//! What λ learned: a tidy CSV of λ on a fixed batch, heat-maps per layer and head, histograms,
+//! the mean λ per level, and the training curves of the run.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use burn::prelude::*;
+use loglinear::fenwick;
+
+use crate::checkpoint;
+use crate::config::{ConfigFile, ExperimentConfig};
+use crate::model::Model;
+use crate::report::{self, LineOpts, Series, Shade};
+use crate::train::{batch_tensors, read_metrics};
+
+/// λ of one run on a fixed batch.
+#[derive(Clone, Debug)]
+pub struct LambdaTrace {
+    /// The run's config.
+    pub config: ExperimentConfig,
+    /// Per layer, `[B, T, H, L]` row-major.
+    pub layers: Vec<Vec<f64>>,
+    /// `[B, T, H, L]`.
+    pub dims: [usize; 4],
+}
+
+impl LambdaTrace {
+    /// λ at (layer, sample, position, head, level).
+    pub fn at(&self, layer: usize, b: usize, t: usize, h: usize, l: usize) -> f64 {
+        let [_, tt, hh, ll] = self.dims;
+        self.layers[layer][((b * tt + t) * hh + h) * ll + l]
+    }
+}
+
+/// Whether query `t` reads level `l` at all (bucket non-empty).
+pub fn occupied(t: usize, l: usize) -> bool {
+    !fenwick::bucket(t, l).is_empty()
+}
+
+/// Loads a run's best model and traces λ on the first `samples` held-out sequences.
+pub fn trace_run(run_dir: &Path, samples: usize, device: &Device) -> Result<LambdaTrace> {
+    let file = ConfigFile::load(&run_dir.join("config.toml"), &[])
+        .with_context(|| format!("{} is not a run directory", run_dir.display()))?;
+    let config = file.config()?;
+    let mut model = Model::new(&config, device);
+    checkpoint::load_run_model(run_dir, &mut model)?;
+    let pool = config
+        .task
+        .generate(samples, config.seed.wrapping_add(config.eval.seed_offset))?;
+    let indices: Vec<usize> = (0..pool.len()).collect();
+    let (inputs, _) = batch_tensors(&pool, &indices, device);
+    let out = model.forward(inputs, config.model.form(), true);
+    let dims = out
+        .lambda
+        .first()
+        .map(|l| l.dims())
+        .context("the model has no layers")?;
+    let layers = out.lambda.iter().map(loglinear::testing::to_f64).collect();
+    Ok(LambdaTrace {
+        config,
+        layers,
+        dims,
+    })
+}
+
+/// Writes the tidy CSV `sample,layer,head,position,level,occupied,lambda`.
+pub fn write_csv(trace: &LambdaTrace, path: &Path) -> Result<()> {
+    let [b, t, h, l] = trace.dims;
+    let mut s = String::from("sample,layer,head,position,level,occupied,lambda\n");
+    for layer in 0..trace.layers.len() {
+        for bi in 0..b {
+            for ti in 0..t {
+                for hi in 0..h {
+                    for li in 0..l {
+                        let _ = writeln!(
+                            s,
+                            "{bi},{layer},{hi},{ti},{li},{},{:.6}",
+                            occupied(ti, li) as u8,
+                            trace.at(layer, bi, ti, hi, li)
+                        );
+                    }
+                }
+            }
+        }
+    }
+    fs::write(path, s).with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn shades(config: &ExperimentConfig) -> Vec<Shade> {
+    const COLORS: [(u8, u8, u8); 4] = [
+        (46, 160, 67),
+        (214, 39, 40),
+        (31, 119, 180),
+        (148, 103, 189),
+    ];
+    config
+        .task
+        .regions()
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| Shade {
+            label: r.name,
+            range: r.range,
+            color: COLORS[i % COLORS.len()],
+        })
+        .collect()
+}
+
+/// Heat-maps (sample 0, every layer and head), histogram, mean λ per level, and the curves;
+/// returns every file written.
+pub fn visualise_run(
+    run_dir: &Path,
+    out: &Path,
+    samples: usize,
+    device: &Device,
+) -> Result<Vec<PathBuf>> {
+    fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let trace = trace_run(run_dir, samples, device)?;
+    let mut written = Vec::new();
+    let csv = out.join("lambda.csv");
+    write_csv(&trace, &csv)?;
+    written.push(csv);
+    let [b, t, h, l] = trace.dims;
+    let mode = trace.config.model.lambda;
+    let task = trace.config.task.name();
+    for layer in 0..trace.layers.len() {
+        for head in 0..h {
+            // Rows = levels (0 at the bottom), columns = positions; a level whose bucket is
+            // empty for that query is never read, so it stays NaN (grey).
+            let mut data = vec![f64::NAN; l * t];
+            for li in 0..l {
+                for ti in (0..t).filter(|&ti| occupied(ti, li)) {
+                    data[li * t + ti] = trace.at(layer, 0, ti, head, li);
+                }
+            }
+            written.extend(report::heatmap(
+                out,
+                &format!("lambda_layer{layer}_head{head}"),
+                &format!("λ ({mode}), layer {layer}, head {head}, one held-out sequence of {task}; grey: level not read"),
+                "token position",
+                "Fenwick level",
+                "λ",
+                &data,
+                l,
+                t,
+                &shades(&trace.config),
+            )?);
+        }
+    }
+    // Values a query actually reads (its bucket is non-empty), all layers, heads and samples.
+    let used: Vec<f64> = (0..trace.layers.len())
+        .flat_map(|layer| {
+            let trace = &trace;
+            (0..b).flat_map(move |bi| {
+                (0..t).flat_map(move |ti| {
+                    (0..h).flat_map(move |hi| {
+                        (0..l)
+                            .filter(move |&li| occupied(ti, li))
+                            .map(move |li| trace.at(layer, bi, ti, hi, li))
+                    })
+                })
+            })
+        })
+        .collect();
+    written.extend(report::histogram(
+        out,
+        "lambda_histogram",
+        &format!("λ values read by the queries ({mode}, {b} sequences, all layers and heads)"),
+        "λ",
+        &[(mode.to_string(), used)],
+        40,
+    )?);
+    let categories: Vec<String> = (0..l).map(|li| li.to_string()).collect();
+    let groups: Vec<(String, Vec<f64>, Option<Vec<f64>>)> = (0..trace.layers.len())
+        .map(|layer| {
+            let (means, stds): (Vec<f64>, Vec<f64>) = (0..l)
+                .map(|li| {
+                    let vals: Vec<f64> = (0..b)
+                        .flat_map(|bi| {
+                            (0..t)
+                                .filter(move |&ti| occupied(ti, li))
+                                .map(move |ti| (bi, ti))
+                        })
+                        .flat_map(|(bi, ti)| (0..h).map(move |hi| (bi, ti, hi)))
+                        .map(|(bi, ti, hi)| trace.at(layer, bi, ti, hi, li))
+                        .collect();
+                    crate::sweep::mean_std(&vals)
+                })
+                .unzip();
+            (format!("layer {layer}"), means, Some(stds))
+        })
+        .collect();
+    written.extend(report::bar_chart(
+        out,
+        "lambda_mean_per_level",
+        &format!("Mean λ per Fenwick level ({mode}; over the queries that read the level, ± std)"),
+        "Fenwick level",
+        "mean λ",
+        &categories,
+        &groups,
+    )?);
+    written.extend(plot_curves(run_dir, out)?);
+    Ok(written)
+}
+
+/// Training loss and held-out accuracy against the step, from `metrics.jsonl`.
+pub fn plot_curves(run_dir: &Path, out: &Path) -> Result<Vec<PathBuf>> {
+    let metrics = read_metrics(&run_dir.join("metrics.jsonl"))?;
+    let series = |key: &str, scale: f64| -> Vec<(f64, f64)> {
+        metrics
+            .iter()
+            .filter_map(|m| Some((m["step"].as_f64()?, m[key].as_f64()? * scale)))
+            .collect()
+    };
+    let mut written = report::line_plot(
+        out,
+        "curve_loss",
+        "Training loss",
+        "step",
+        "cross-entropy (nats)",
+        &[Series {
+            name: "train loss".into(),
+            points: series("loss", 1.0),
+            err: None,
+        }],
+        &LineOpts::default(),
+    )?;
+    let mut acc = vec![Series {
+        name: "held-out accuracy".into(),
+        points: series("eval_acc", 100.0),
+        err: None,
+    }];
+    let test = series("test_acc", 100.0);
+    if !test.is_empty() {
+        acc.push(Series {
+            name: "test-length accuracy".into(),
+            points: test,
+            err: None,
+        });
+    }
+    written.extend(report::line_plot(
+        out,
+        "curve_accuracy",
+        "Held-out accuracy during training",
+        "step",
+        "accuracy (%)",
+        &acc,
+        &LineOpts {
+            y_range: Some((0.0, 100.0)),
+            ..LineOpts::default()
+        },
+    )?);
+    Ok(written)
+}
+
+/// Histogram and mean λ per level of several runs side by side (e.g. one per λ mode).
+pub fn compare_runs(
+    runs: &[PathBuf],
+    out: &Path,
+    samples: usize,
+    device: &Device,
+) -> Result<Vec<PathBuf>> {
+    fs::create_dir_all(out)?;
+    let traces = runs
+        .iter()
+        .map(|r| trace_run(r, samples, device))
+        .collect::<Result<Vec<_>>>()?;
+    let label = |tr: &LambdaTrace, r: &Path| {
+        format!(
+            "{} ({})",
+            tr.config.model.lambda,
+            r.file_name().and_then(|n| n.to_str()).unwrap_or("")
+        )
+    };
+    let mut series = Vec::new();
+    let mut groups = Vec::new();
+    let max_l = traces.iter().map(|tr| tr.dims[3]).max().unwrap_or(0);
+    for (tr, r) in traces.iter().zip(runs) {
+        let [b, t, h, l] = tr.dims;
+        let mut all = Vec::new();
+        let mut per_level = vec![Vec::new(); max_l];
+        for layer in 0..tr.layers.len() {
+            for bi in 0..b {
+                for ti in 0..t {
+                    for hi in 0..h {
+                        for li in (0..l).filter(|&li| occupied(ti, li)) {
+                            let v = tr.at(layer, bi, ti, hi, li);
+                            all.push(v);
+                            per_level[li].push(v);
+                        }
+                    }
+                }
+            }
+        }
+        series.push((label(tr, r), all));
+        let (m, s): (Vec<f64>, Vec<f64>) =
+            per_level.iter().map(|v| crate::sweep::mean_std(v)).unzip();
+        groups.push((label(tr, r), m, Some(s)));
+    }
+    let mut written = report::histogram(
+        out,
+        "lambda_histogram_by_run",
+        "λ values read by the queries, per run",
+        "λ",
+        &series,
+        40,
+    )?;
+    let categories: Vec<String> = (0..max_l).map(|l| l.to_string()).collect();
+    written.extend(report::bar_chart(
+        out,
+        "lambda_mean_per_level_by_run",
+        "Mean λ per Fenwick level, per run (± std)",
+        "Fenwick level",
+        "mean λ",
+        &categories,
+        &groups,
+    )?);
+    Ok(written)
+}

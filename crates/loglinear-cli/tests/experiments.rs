@@ -1,0 +1,370 @@
+//! Configs, training, resume after SIGKILL, NaN stop, sweeps and their reports, eval and viz.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use loglinear_cli::config::ConfigFile;
+use loglinear_cli::train::read_metrics;
+
+const TINY: &str = r#"
+name = "tiny"
+seed = 3
+
+[task.mqar]
+vocab_size = 64
+seq_len = 16
+num_kv_pairs = 2
+layout = "zoology"
+
+[model]
+arch = "paper_synthetic"
+lambda = "mlp_softplus"
+d_model = 16
+d_state = 8
+head_dim = 8
+n_layers = 2
+chunk = 4
+
+[train]
+steps = 40
+batch_size = 8
+train_examples = 64
+lr = 3e-3
+log_every = 5
+checkpoint_every = 10
+
+[eval]
+every = 10
+examples = 32
+early_stop_acc = 1.0
+"#;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_loglinear"))
+}
+
+fn write_config(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("config.toml");
+    fs::write(&path, text).unwrap();
+    path
+}
+
+fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "command failed: {stderr}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn run_err(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(!out.status.success(), "command should fail");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The deterministic part of a metrics file: everything but wall-clock throughput.
+fn metrics_without_timing(run: &Path) -> Vec<serde_json::Value> {
+    read_metrics(&run.join("metrics.jsonl"))
+        .unwrap()
+        .into_iter()
+        .map(|mut m| {
+            m.as_object_mut().unwrap().remove("tokens_per_s");
+            m
+        })
+        .collect()
+}
+
+#[test]
+fn unknown_keys_and_wrong_types_are_named() {
+    let err = ConfigFile::parse(TINY, &["train.learning_rate=1".into()])
+        .unwrap()
+        .config()
+        .unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("learning_rate") && msg.contains("`lr`") && msg.contains("`steps`"),
+        "{msg}"
+    );
+    let err = ConfigFile::parse(TINY, &["train.steps=\"many\"".into()])
+        .unwrap()
+        .config()
+        .unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("train.steps") && msg.contains("invalid type"),
+        "{msg}"
+    );
+    let err = ConfigFile::parse(TINY, &["model.lambda=cubic".into()])
+        .unwrap()
+        .config()
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("mlp_softplus"), "{err:#}");
+    let err = ConfigFile::parse(TINY, &["task.mqar.num_kv_pairs=5".into()])
+        .unwrap()
+        .config()
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("num_kv_pairs"), "{err:#}");
+    let err = ConfigFile::parse(TINY, &["model.levels=3".into()])
+        .unwrap()
+        .config()
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("need 5"), "{err:#}");
+    let err = ConfigFile::parse(TINY, &["train.lr".into()]).unwrap_err();
+    assert!(format!("{err:#}").contains("key=value"), "{err:#}");
+}
+
+#[test]
+fn overrides_and_sweeps_expand_to_typed_configs() {
+    let file = ConfigFile::parse(
+        TINY,
+        &["train.lr=0.01".into(), "model.lambda=linear".into()],
+    )
+    .unwrap();
+    let c = file.config().unwrap();
+    assert_eq!(c.train.lr, 0.01);
+    assert_eq!(c.model.lambda.name(), "linear");
+    let text = format!(
+        "{TINY}\n[sweep]\n\"model.lambda\" = [\"linear\", \"mlp_softplus\", \"mlp_softmax\"]\nseed = [0, 1]\n"
+    );
+    let points = ConfigFile::parse(&text, &[]).unwrap().expand().unwrap();
+    assert_eq!(points.len(), 6);
+    assert_eq!(points[0].0, "lambda=linear,seed=0");
+    assert_eq!(points[5].0, "lambda=mlp_softmax,seed=1");
+    assert_eq!(points[3].1.seed, 1);
+    // Pinning an axis with --set removes it from the sweep.
+    let pinned = ConfigFile::parse(&text, &["seed=7".into()]).unwrap();
+    assert_eq!(pinned.sweep.len(), 1);
+    assert_eq!(pinned.expand().unwrap().len(), 3);
+}
+
+/// A run killed with SIGKILL and resumed ends with exactly the metrics (losses, gradient norms,
+/// accuracies at every step) of a run that never stopped.
+#[test]
+fn resume_after_sigkill_matches_an_uninterrupted_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Long enough that the kill lands mid-run.
+    let config = write_config(tmp.path(), &TINY.replace("steps = 40", "steps = 300"));
+    let whole = tmp.path().join("whole");
+    run_ok(bin().args(["train"]).arg(&config).arg("--out").arg(&whole));
+
+    let killed = tmp.path().join("killed");
+    let mut child = bin()
+        .args(["train"])
+        .arg(&config)
+        .arg("--out")
+        .arg(&killed)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill it once a checkpoint past the first one exists (or whenever it finishes).
+    let started = Instant::now();
+    loop {
+        let latest = fs::read_to_string(killed.join("checkpoints/latest")).unwrap_or_default();
+        if latest.trim() >= "ckpt-00000020" || started.elapsed() > Duration::from_secs(120) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap(); // SIGKILL on Unix
+    child.wait().unwrap();
+    assert!(
+        !killed.join("summary.json").exists(),
+        "the run finished before the kill"
+    );
+    run_ok(
+        bin()
+            .args(["train"])
+            .arg(&config)
+            .arg("--out")
+            .arg(&killed)
+            .arg("--resume"),
+    );
+    assert_eq!(
+        metrics_without_timing(&whole),
+        metrics_without_timing(&killed)
+    );
+
+    // A resume of an interrupted run (--stop-after) also matches, and refuses another config.
+    let stopped = tmp.path().join("stopped");
+    run_err(
+        bin()
+            .args(["train"])
+            .arg(&config)
+            .arg("--out")
+            .arg(&stopped)
+            .args(["--stop-after", "17"]),
+    );
+    run_ok(
+        bin()
+            .args(["train"])
+            .arg(&config)
+            .arg("--out")
+            .arg(&stopped)
+            .arg("--resume"),
+    );
+    assert_eq!(
+        metrics_without_timing(&whole),
+        metrics_without_timing(&stopped)
+    );
+    let err = run_err(
+        bin()
+            .args(["train"])
+            .arg(&config)
+            .arg("--out")
+            .arg(&stopped)
+            .args(["--resume", "--set", "train.lr=0.5"]),
+    );
+    assert!(err.contains("different config"), "{err}");
+}
+
+#[test]
+fn a_diverging_loss_stops_the_run_and_keeps_the_last_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = write_config(tmp.path(), TINY);
+    let out = tmp.path().join("nan");
+    let err = run_err(
+        bin()
+            .args(["train"])
+            .arg(&config)
+            .arg("--out")
+            .arg(&out)
+            .args(["--set", "train.lr=1e30", "--set", "train.grad_clip=1e30"]),
+    );
+    assert!(
+        err.contains("loss became") && err.contains("last good checkpoint"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
+#[test]
+fn sweep_skips_finished_runs_and_summarises_over_seeds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = format!(
+        "{}\n[sweep]\n\"model.lambda\" = [\"linear\", \"mlp_softplus\"]\n\"task.mqar.num_kv_pairs\" = [1, 2]\nseed = [0, 1]\n",
+        TINY.replace("steps = 40", "steps = 10")
+            .replace("checkpoint_every = 10", "checkpoint_every = 5")
+    );
+    let config = write_config(tmp.path(), &text);
+    let out = tmp.path().join("sweep");
+    run_ok(bin().arg("sweep").arg(&config).arg("--out").arg(&out));
+    let md = fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(
+        md.contains("| linear | 1 | 2 |") && md.contains("| mlp_softplus | 2 | 2 |"),
+        "{md}"
+    );
+    let csv = fs::read_to_string(out.join("summary.csv")).unwrap();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 5, "{csv}");
+    assert!(
+        lines[0].starts_with("model.lambda,task.mqar.num_kv_pairs,n,best_acc_mean,best_acc_std")
+    );
+    // mean and std agree with the per-seed values of each row
+    for row in &lines[1..] {
+        let cells: Vec<&str> = row.split(',').collect();
+        let seeds: Vec<f64> = cells[9].split(' ').map(|v| v.parse().unwrap()).collect();
+        let mean = seeds.iter().sum::<f64>() / 2.0;
+        assert!(
+            (mean - cells[3].parse::<f64>().unwrap()).abs() < 1e-5,
+            "{row}"
+        );
+        let std = ((seeds[0] - mean).powi(2) + (seeds[1] - mean).powi(2)).sqrt();
+        assert!(
+            (std - cells[4].parse::<f64>().unwrap()).abs() < 1e-5,
+            "{row}"
+        );
+    }
+    assert!(out.join("accuracy.png").exists() && out.join("accuracy.svg").exists());
+
+    // Restart: nothing runs again; then only a run whose summary is gone.
+    let err = String::from_utf8_lossy(
+        &bin()
+            .arg("sweep")
+            .arg(&config)
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .unwrap()
+            .stderr,
+    )
+    .into_owned();
+    assert_eq!(err.matches("finished, skipped").count(), 8, "{err}");
+    fs::remove_file(out.join("lambda=linear,num_kv_pairs=2,seed=1/summary.json")).unwrap();
+    let err = String::from_utf8_lossy(
+        &bin()
+            .arg("sweep")
+            .arg(&config)
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .unwrap()
+            .stderr,
+    )
+    .into_owned();
+    assert_eq!(err.matches("finished, skipped").count(), 7, "{err}");
+    assert!(
+        err.contains("[4/8] lambda=linear,num_kv_pairs=2,seed=1\n"),
+        "{err}"
+    );
+}
+
+#[test]
+fn eval_and_viz_read_a_finished_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = write_config(tmp.path(), &TINY.replace("steps = 40", "steps = 10"));
+    let run = tmp.path().join("run");
+    // Trained at T = 16 with a test length of 32: the model gets num_levels(32) = 6 levels.
+    run_ok(
+        bin()
+            .args(["train"])
+            .arg(&config)
+            .arg("--out")
+            .arg(&run)
+            .args(["--set", "eval.test_seq_len=32"]),
+    );
+    let summary = fs::read_to_string(run.join("summary.json")).unwrap();
+    assert!(summary.contains("best_test_acc"), "{summary}");
+    let out = run_ok(bin().arg("eval").arg(&run));
+    assert!(out.contains("accuracy") && out.contains("T=16"), "{out}");
+    let out = run_ok(
+        bin()
+            .arg("eval")
+            .arg(&run)
+            .args(["--set", "task.seq_len=32"]),
+    );
+    assert!(out.contains("T=32"), "{out}");
+    let err = run_err(
+        bin()
+            .arg("eval")
+            .arg(&run)
+            .args(["--set", "task.seq_len=40"]),
+    );
+    assert!(err.contains("need"), "{err}");
+
+    let viz = tmp.path().join("viz");
+    run_ok(
+        bin()
+            .arg("viz")
+            .arg(&run)
+            .arg("--out")
+            .arg(&viz)
+            .args(["--samples", "3"]),
+    );
+    for f in [
+        "lambda_layer0_head0.png",
+        "lambda_layer1_head0.svg",
+        "lambda_histogram.png",
+        "lambda_mean_per_level.png",
+        "curve_loss.png",
+        "curve_accuracy.svg",
+    ] {
+        assert!(viz.join(f).exists(), "{f} missing");
+    }
+    let csv = fs::read_to_string(viz.join("lambda.csv")).unwrap();
+    // 3 samples × 2 layers × 16 positions × 1 head × 6 levels, plus the header
+    assert_eq!(csv.lines().count(), 1 + 3 * 2 * 16 * 6);
+    assert!(csv.starts_with("sample,layer,head,position,level,occupied,lambda\n"));
+}
