@@ -5,8 +5,10 @@ pub mod lambda;
 pub mod mixer;
 pub mod model;
 pub mod synthetic;
+pub mod transformer;
 
 pub use lambda::{LambdaConfig, LambdaMlp, LambdaMode, LevelWeights};
 pub use mixer::{LogLinearMamba2, MixerConfig, MixerOutput, MixerState};
 pub use model::{LmConfig, LmOutput, LogLinearLm, ModelState};
 pub use synthetic::{SyntheticConfig, SyntheticLm};
+pub use transformer::{TransformerConfig, TransformerLm, TransformerState};
