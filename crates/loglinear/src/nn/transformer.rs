@@ -99,7 +99,7 @@ impl TransformerConfig {
         if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
             return Err(format!("{name} must be positive"));
         }
-        if self.d_model % self.n_heads != 0 {
+        if !self.d_model.is_multiple_of(self.n_heads) {
             return Err(format!(
                 "d_model = {} is not a multiple of n_heads = {}",
                 self.d_model, self.n_heads
@@ -256,7 +256,10 @@ impl CausalSelfAttention {
                     "CausalSelfAttention: cache holds batch {}, input has batch {b}",
                     c.keys.dims()[0]
                 );
-                (Tensor::cat(vec![c.keys, k], 2), Tensor::cat(vec![c.values, v], 2))
+                (
+                    Tensor::cat(vec![c.keys, k], 2),
+                    Tensor::cat(vec![c.values, v], 2),
+                )
             }
             None => (k, v),
         };
@@ -270,7 +273,10 @@ impl CausalSelfAttention {
             (_, 1) => (None, false),
             _ => {
                 let mask = Tensor::<2, Bool>::tril_mask([t, past + t], past as i64, &q.device());
-                (Some(mask.unsqueeze::<4>().expand([b, h, t, past + t])), false)
+                (
+                    Some(mask.unsqueeze::<4>().expand([b, h, t, past + t])),
+                    false,
+                )
             }
         };
         let options = AttentionModuleOptions {
