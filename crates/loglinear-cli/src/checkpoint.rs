@@ -33,6 +33,9 @@ pub struct TrainState {
     pub best_loss: Option<f64>,
     /// Accuracy at the test length at the best step, if any.
     pub best_test_acc: Option<f64>,
+    /// Batch-mean held-out loss at the best step (the published LM metric).
+    #[serde(default)]
+    pub best_batch_mean_loss: Option<f64>,
     /// Whether early stopping ended the run.
     pub stopped_early: bool,
 }

@@ -45,6 +45,8 @@ pub enum Arch {
     Mamba2,
     /// The simplified model of the adaptive-decay paper's synthetic runs (spec §7.2.2).
     PaperSynthetic,
+    /// A GPT-2-style causal softmax Transformer (the LM baseline); `heads` heads.
+    Transformer,
 }
 
 /// Which form of the core op to train with.
@@ -82,7 +84,7 @@ pub struct ModelConfig {
     /// Number of layers.
     #[serde(default = "d_2")]
     pub n_layers: usize,
-    /// Heads (paper_synthetic; for mamba2 heads = expand·d_model/head_dim).
+    /// Heads (paper_synthetic, transformer; for mamba2 heads = expand·d_model/head_dim).
     #[serde(default = "d_1")]
     pub heads: usize,
     /// Value width per head `P`.
@@ -241,6 +243,9 @@ pub struct EvalConfig {
     pub seed_offset: u64,
     /// Stop once held-out accuracy reaches this fraction (none: never).
     pub early_stop_acc: Option<f64>,
+    /// Stop after this many evaluations without a better held-out loss (none: never); the
+    /// published LM runs used 10.
+    pub patience: Option<usize>,
     /// Also evaluate at this sequence length (length generalisation: train at T, test at T').
     pub test_seq_len: Option<usize>,
     /// Sequences per evaluation batch.
@@ -254,6 +259,7 @@ impl Default for EvalConfig {
             examples: 1000,
             seed_offset: 1,
             early_stop_acc: Some(0.99),
+            patience: None,
             test_seq_len: None,
             batch_size: 250,
         }

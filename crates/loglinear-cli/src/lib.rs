@@ -1,10 +1,13 @@
 //! The experiment side of `loglinear`: tasks, configs, training, evaluation, sweeps, reports and
 //! plots. The binary `loglinear` (src/main.rs) is a thin command-line front end over this crate.
 
+pub mod bench;
 pub mod checkpoint;
 pub mod config;
+pub mod data;
 pub mod demo;
 pub mod device;
+pub mod generate;
 pub mod model;
 pub mod report;
 pub mod sweep;

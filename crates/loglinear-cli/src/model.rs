@@ -5,6 +5,7 @@ use burn::prelude::*;
 use burn::tensor::activation::log_softmax;
 use loglinear::nn::{
     LambdaConfig, LmConfig, LogLinearLm, MixerConfig, SyntheticConfig, SyntheticLm,
+    TransformerConfig, TransformerLm,
 };
 
 use crate::config::{Arch, ExperimentConfig};
@@ -17,6 +18,8 @@ pub enum Model {
     Mamba2(LogLinearLm),
     /// The adaptive-decay paper's synthetic-task model.
     PaperSynthetic(SyntheticLm),
+    /// A GPT-2-style causal softmax Transformer (the LM baseline).
+    Transformer(TransformerLm),
 }
 
 /// What a forward pass returns.
@@ -70,11 +73,23 @@ fn synthetic_config(config: &ExperimentConfig) -> SyntheticConfig {
     }
 }
 
+fn transformer_config(config: &ExperimentConfig) -> TransformerConfig {
+    let m = &config.model;
+    TransformerConfig {
+        max_seq_len: config.max_seq_len(),
+        tie_embeddings: m.tie_embeddings,
+        mlp_width: m.mlp_width,
+        initializer_range: m.initializer_range,
+        ..TransformerConfig::new(config.task.vocab_size(), m.d_model, m.n_layers, m.heads)
+    }
+}
+
 /// Checks the architecture-specific sizes of a run config.
 pub fn check_model_config(config: &ExperimentConfig) -> Result<()> {
     let result = match config.model.arch {
         Arch::Mamba2 => mamba2_config(config).validate(),
         Arch::PaperSynthetic => synthetic_config(config).validate(),
+        Arch::Transformer => transformer_config(config).validate(),
     };
     match result {
         Ok(()) => Ok(()),
@@ -89,6 +104,9 @@ impl Model {
             Arch::Mamba2 => Model::Mamba2(mamba2_config(config).init(config.seed, device)),
             Arch::PaperSynthetic => {
                 Model::PaperSynthetic(synthetic_config(config).init(config.seed, device))
+            }
+            Arch::Transformer => {
+                Model::Transformer(transformer_config(config).init(config.seed, device))
             }
         }
     }
@@ -110,6 +128,10 @@ impl Model {
                 let (logits, lambda) = m.run(tokens, form, trace);
                 Forward { logits, lambda }
             }
+            Model::Transformer(m) => Forward {
+                logits: m.run(tokens),
+                lambda: Vec::new(),
+            },
         }
     }
 }

@@ -20,8 +20,9 @@ use serde_json::json;
 
 use crate::checkpoint::{self, TrainState};
 use crate::config::{ExperimentConfig, OptimizerName, Schedule, TrainConfig};
+use crate::data::LmData;
 use crate::model::{Model, masked_cross_entropy};
-use crate::tasks::{Example, batch, masked_accuracy};
+use crate::tasks::{Example, TaskConfig, batch, masked_accuracy};
 
 /// How a run is executed (not part of the experiment itself).
 #[derive(Clone, Debug)]
@@ -57,7 +58,14 @@ pub struct RunSummary {
     pub best_test_acc: Option<f64>,
     /// Best test-length accuracy over all evaluations (if a test length is set).
     pub max_test_acc: Option<f64>,
-    /// Whether the accuracy threshold stopped the run.
+    /// Held-out loss at the best step (LM: the lowest).
+    pub best_loss: f64,
+    /// LM: token-weighted held-out perplexity `exp(Σ NLL / tokens)` at the best step.
+    pub best_ppl: Option<f64>,
+    /// LM: the published definition, `exp(mean over batches of the batch-mean NLL)`, at the best
+    /// step.
+    pub best_ppl_batch_mean: Option<f64>,
+    /// Whether early stopping (accuracy threshold or patience) ended the run.
     pub stopped_early: bool,
     /// Trainable parameters.
     pub params: usize,
@@ -70,10 +78,188 @@ pub struct RunSummary {
 pub struct EvalMetrics {
     /// Fraction of scored positions predicted right.
     pub acc: f64,
-    /// Mean cross-entropy over scored positions.
+    /// Mean cross-entropy over scored positions (token-weighted).
     pub loss: f64,
+    /// Mean over evaluation batches of the batch-mean cross-entropy (the published LM metric).
+    pub batch_mean_loss: f64,
     /// Scored positions.
     pub scored: usize,
+}
+
+impl EvalMetrics {
+    /// Token-weighted perplexity `exp(loss)`.
+    pub fn ppl(&self) -> f64 {
+        self.loss.exp()
+    }
+}
+
+/// Where a run's batches come from.
+pub enum RunData {
+    /// Synthetic tasks: a fixed training pool, a held-out pool from another seed, and optionally
+    /// a pool at the test length.
+    Pools {
+        /// Training pool.
+        train: Vec<Example>,
+        /// Held-out pool.
+        eval: Vec<Example>,
+        /// Held-out pool at `eval.test_seq_len`.
+        test: Option<Vec<Example>>,
+    },
+    /// Language modelling: token files on disk.
+    Lm(LmData),
+}
+
+impl RunData {
+    /// Generates the pools or opens the token directory of `cfg`.
+    pub fn load(cfg: &ExperimentConfig) -> Result<Self> {
+        if let TaskConfig::Lm(lm) = &cfg.task {
+            let data = LmData::open(&lm.data)?;
+            let vocab = data.meta().vocab_size;
+            if vocab > lm.vocab_size {
+                bail!(
+                    "{}: the data use a vocabulary of {vocab} tokens but task.vocab_size is {}",
+                    lm.data.display(),
+                    lm.vocab_size
+                );
+            }
+            data.split(&lm.eval_split)?;
+            return Ok(RunData::Lm(data));
+        }
+        let eval_seed = cfg.seed.wrapping_add(cfg.eval.seed_offset);
+        Ok(RunData::Pools {
+            train: cfg.task.generate(cfg.train.train_examples, cfg.seed)?,
+            eval: cfg.task.generate(cfg.eval.examples, eval_seed)?,
+            test: match cfg.eval.test_seq_len {
+                Some(len) => Some(
+                    cfg.task
+                        .with_seq_len(len)
+                        .generate(cfg.eval.examples, eval_seed)?,
+                ),
+                None => None,
+            },
+        })
+    }
+
+    /// Inputs and targets `[B, T]` of training step `step` (a function of seed and step only).
+    pub fn train_batch(
+        &self,
+        cfg: &ExperimentConfig,
+        step: usize,
+        device: &Device,
+    ) -> Result<(Tensor<2, Int>, Tensor<2, Int>)> {
+        let b = cfg.train.batch_size;
+        match self {
+            RunData::Pools { train, .. } => {
+                let indices = sample_batch(cfg.seed, step, train.len(), b);
+                Ok(batch_tensors(train, &indices, device))
+            }
+            RunData::Lm(data) => {
+                let t = cfg.task.seq_len();
+                let (x, y) = data.sample_train_batch(cfg.seed, step as u64, b, t)?;
+                Ok(rows_to_tensors(x, y, b, t, device))
+            }
+        }
+    }
+
+    /// Held-out metrics, and the test-length ones when configured.
+    pub fn evaluate(
+        &self,
+        model: &Model,
+        cfg: &ExperimentConfig,
+        device: &Device,
+    ) -> Result<(EvalMetrics, Option<EvalMetrics>)> {
+        match self {
+            RunData::Pools { eval, test, .. } => Ok((
+                evaluate(model, cfg, eval, device),
+                test.as_ref().map(|p| evaluate(model, cfg, p, device)),
+            )),
+            RunData::Lm(data) => {
+                let TaskConfig::Lm(lm) = &cfg.task else {
+                    unreachable!("LM data with a synthetic task")
+                };
+                let t = lm.seq_len;
+                let mut n = data.windows(&lm.eval_split, t)?;
+                if let Some(max) = lm.max_eval_windows {
+                    n = n.min(max);
+                }
+                let mut acc = Accumulator::default();
+                let mut first = 0;
+                while first < n {
+                    let count = cfg.eval.batch_size.min(n - first);
+                    let (rows, x, y) = data.window_batch(&lm.eval_split, first, count, t)?;
+                    let (inputs, targets) = rows_to_tensors(x, y, rows, t, device);
+                    acc.add(model, cfg, inputs, targets);
+                    first += count;
+                }
+                Ok((acc.finish(), None))
+            }
+        }
+    }
+}
+
+/// `[B·T]` host rows to `[B, T]` tensors.
+fn rows_to_tensors(
+    x: Vec<u32>,
+    y: Vec<i64>,
+    b: usize,
+    t: usize,
+    device: &Device,
+) -> (Tensor<2, Int>, Tensor<2, Int>) {
+    let x: Vec<i64> = x.into_iter().map(i64::from).collect();
+    (
+        Tensor::from_data(TensorData::new(x, vec![b, t]), device),
+        Tensor::from_data(TensorData::new(y, vec![b, t]), device),
+    )
+}
+
+/// Sums over evaluation batches.
+#[derive(Default)]
+struct Accumulator {
+    correct: usize,
+    scored: usize,
+    nll: f64,
+    batch_means: Vec<f64>,
+}
+
+impl Accumulator {
+    fn add(
+        &mut self,
+        model: &Model,
+        cfg: &ExperimentConfig,
+        inputs: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+    ) {
+        let logits = model.forward(inputs, cfg.model.form(), false).logits;
+        let predictions: Vec<u32> = logits
+            .clone()
+            .argmax(2)
+            .into_data()
+            .try_into_vec_as::<i64>()
+            .expect("argmax indices")
+            .into_iter()
+            .map(|p| p as u32)
+            .collect();
+        let target_values: Vec<i64> = targets.to_data().try_into_vec_as::<i64>().expect("targets");
+        let (c, s) = masked_accuracy(&predictions, &target_values);
+        let (loss, n) = masked_cross_entropy(logits, targets);
+        let mean = loss.into_scalar::<f64>();
+        self.correct += c;
+        self.scored += s;
+        if n > 0 {
+            self.nll += mean * n as f64;
+            self.batch_means.push(mean);
+        }
+    }
+
+    fn finish(self) -> EvalMetrics {
+        EvalMetrics {
+            acc: self.correct as f64 / self.scored.max(1) as f64,
+            loss: self.nll / self.scored.max(1) as f64,
+            batch_mean_loss: self.batch_means.iter().sum::<f64>()
+                / self.batch_means.len().max(1) as f64,
+            scored: self.scored,
+        }
+    }
 }
 
 /// Learning rate at `step` (0-based): 1) linear warm-up from 0, 2) constant, or 3) cosine to
@@ -146,33 +332,13 @@ pub fn evaluate(
     examples: &[Example],
     device: &Device,
 ) -> EvalMetrics {
-    let form = cfg.model.form();
-    let (mut correct, mut scored, mut loss_sum) = (0usize, 0usize, 0f64);
+    let mut acc = Accumulator::default();
     let indices: Vec<usize> = (0..examples.len()).collect();
     for chunk in indices.chunks(cfg.eval.batch_size) {
         let (inputs, targets) = batch_tensors(examples, chunk, device);
-        let logits = model.forward(inputs, form, false).logits;
-        let predictions: Vec<u32> = logits
-            .clone()
-            .argmax(2)
-            .into_data()
-            .try_into_vec_as::<i64>()
-            .expect("argmax indices")
-            .into_iter()
-            .map(|p| p as u32)
-            .collect();
-        let target_values: Vec<i64> = targets.to_data().try_into_vec_as::<i64>().expect("targets");
-        let (c, s) = masked_accuracy(&predictions, &target_values);
-        let (loss, n) = masked_cross_entropy(logits, targets);
-        correct += c;
-        scored += s;
-        loss_sum += loss.into_scalar::<f64>() * n as f64;
+        acc.add(model, cfg, inputs, targets);
     }
-    EvalMetrics {
-        acc: correct as f64 / scored.max(1) as f64,
-        loss: loss_sum / scored.max(1) as f64,
-        scored,
-    }
+    acc.finish()
 }
 
 /// Scales every gradient by `min(1, max_norm / ‖g‖)` with `‖g‖` the norm over all parameters;
@@ -278,20 +444,9 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
     checkpoint::write_atomic(&config_path, resolved.as_bytes())?;
     let metrics = out.join("metrics.jsonl");
 
-    // Data: a fixed training pool, a held-out pool from another seed, and optionally a pool at
-    // the test length.
     let t = &cfg.train;
-    let train_pool = cfg.task.generate(t.train_examples, cfg.seed)?;
-    let eval_seed = cfg.seed.wrapping_add(cfg.eval.seed_offset);
-    let eval_pool = cfg.task.generate(cfg.eval.examples, eval_seed)?;
-    let test_pool = match cfg.eval.test_seq_len {
-        Some(len) => Some(
-            cfg.task
-                .with_seq_len(len)
-                .generate(cfg.eval.examples, eval_seed)?,
-        ),
-        None => None,
-    };
+    let data = RunData::load(cfg)?;
+    let lm = cfg.task.is_lm();
 
     let device = opts.device.clone().autodiff();
     let mut model = Model::new(cfg, &device);
@@ -329,8 +484,7 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
         }
         let step = state.step;
         let lr = lr_at(t, step);
-        let indices = sample_batch(cfg.seed, step, train_pool.len(), t.batch_size);
-        let (inputs, targets) = batch_tensors(&train_pool, &indices, &device);
+        let (inputs, targets) = data.train_batch(cfg, step, &device)?;
         let logits = model.forward(inputs, form, false).logits;
         let (loss, _) = masked_cross_entropy(logits, targets);
         let loss_value = loss.clone().into_scalar::<f64>();
@@ -369,28 +523,45 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
 
         if state.step % cfg.eval.every == 0 || state.step == t.steps {
             let valid = model.valid();
-            let e = evaluate(&valid, cfg, &eval_pool, &opts.device);
-            let test = test_pool
-                .as_ref()
-                .map(|p| evaluate(&valid, cfg, p, &opts.device));
+            let (e, test) = data.evaluate(&valid, cfg, &opts.device)?;
             last = (e.acc, e.loss);
             let mut line = json!({"step": state.step, "eval_acc": e.acc, "eval_loss": e.loss});
+            if lm {
+                line["eval_ppl"] = json!(e.ppl());
+                line["eval_ppl_batch_mean"] = json!(e.batch_mean_loss.exp());
+            }
             if let Some(test) = test {
                 line["test_acc"] = json!(test.acc);
                 line["test_loss"] = json!(test.loss);
             }
             log_metrics(&metrics, line)?;
-            if state.best_acc.is_none_or(|b| e.acc > b) {
+            // Synthetic tasks keep the most accurate model, language models the lowest loss.
+            let better = if lm {
+                state.best_loss.is_none_or(|b| e.loss < b)
+            } else {
+                state.best_acc.is_none_or(|b| e.acc > b)
+            };
+            if better {
                 state.best_acc = Some(e.acc);
                 state.best_step = Some(state.step);
                 state.best_loss = Some(e.loss);
                 state.best_test_acc = test.map(|x| x.acc);
+                state.best_batch_mean_loss = Some(e.batch_mean_loss);
                 checkpoint::save_best(out, &model, &state)?;
             }
-            if cfg.eval.early_stop_acc.is_some_and(|thr| e.acc >= thr) {
+            if cfg.eval.early_stop_acc.is_some_and(|thr| e.acc >= thr) && !lm {
                 state.stopped_early = true;
             }
-            bar.set_message(format!("loss {loss_value:.4} acc {}", fmt_acc(e.acc)));
+            let since_best = (state.step - state.best_step.unwrap_or(state.step)) / cfg.eval.every;
+            if cfg.eval.patience.is_some_and(|p| since_best >= p) {
+                state.stopped_early = true;
+            }
+            let shown = if lm {
+                format!("ppl {:.2}", e.ppl())
+            } else {
+                fmt_acc(e.acc)
+            };
+            bar.set_message(format!("loss {loss_value:.4} {shown}"));
         }
         if state.step % t.checkpoint_every == 0 || state.step == t.steps || state.stopped_early {
             checkpoint::save_checkpoint(out, &model, &optim, &state)?;
@@ -436,6 +607,15 @@ fn summarise(
         last_acc: get(last, "eval_acc").unwrap_or(0.0),
         last_loss: get(last, "eval_loss").unwrap_or(f64::NAN),
         best_test_acc: state.best_test_acc,
+        best_loss: state.best_loss.unwrap_or(f64::NAN),
+        best_ppl: cfg
+            .task
+            .is_lm()
+            .then(|| state.best_loss.unwrap_or(f64::NAN).exp()),
+        best_ppl_batch_mean: cfg
+            .task
+            .is_lm()
+            .then(|| state.best_batch_mean_loss.unwrap_or(f64::NAN).exp()),
         max_test_acc: evals
             .iter()
             .filter_map(|m| m["test_acc"].as_f64())
@@ -483,9 +663,6 @@ pub fn evaluate_run(
 ) -> Result<EvalMetrics> {
     let mut model = Model::new(cfg, device);
     checkpoint::load_run_model(run_dir, &mut model)?;
-    let pool = cfg.task.generate(
-        cfg.eval.examples,
-        cfg.seed.wrapping_add(cfg.eval.seed_offset),
-    )?;
-    Ok(evaluate(&model, cfg, &pool, device))
+    let data = RunData::load(cfg)?;
+    Ok(data.evaluate(&model, cfg, device)?.0)
 }

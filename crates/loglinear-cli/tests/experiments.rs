@@ -368,3 +368,23 @@ fn eval_and_viz_read_a_finished_run() {
     assert_eq!(csv.lines().count(), 1 + 3 * 2 * 16 * 6);
     assert!(csv.starts_with("sample,layer,head,position,level,occupied,lambda\n"));
 }
+
+/// Every config shipped under experiments/ parses, types and expands.
+#[test]
+fn every_shipped_config_is_valid() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../experiments");
+    let mut seen = 0;
+    for entry in fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let file = ConfigFile::load(&path, &[])
+                .unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+            let points = file
+                .expand()
+                .unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+            assert!(!points.is_empty());
+            seen += 1;
+        }
+    }
+    assert!(seen >= 6, "only {seen} configs found");
+}

@@ -32,9 +32,11 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
+pub mod lm;
 pub mod mqar;
 pub mod selective_copy;
 
+pub use lm::LmTaskConfig;
 pub use mqar::{MqarConfig, MqarLayout};
 pub use selective_copy::SelectiveCopyConfig;
 
@@ -181,6 +183,8 @@ pub enum TaskConfig {
     Mqar(MqarConfig),
     /// Selective copying.
     SelectiveCopy(SelectiveCopyConfig),
+    /// Language modelling on prepared token files (no generator: the data come from disk).
+    Lm(LmTaskConfig),
 }
 
 impl TaskConfig {
@@ -189,6 +193,7 @@ impl TaskConfig {
         match self {
             TaskConfig::Mqar(c) => c.validate(),
             TaskConfig::SelectiveCopy(c) => c.validate(),
+            TaskConfig::Lm(c) => c.validate(),
         }
     }
 
@@ -197,6 +202,7 @@ impl TaskConfig {
         match self {
             TaskConfig::Mqar(c) => c.vocab_size,
             TaskConfig::SelectiveCopy(c) => c.vocab_size,
+            TaskConfig::Lm(c) => c.vocab_size,
         }
     }
 
@@ -205,7 +211,13 @@ impl TaskConfig {
         match self {
             TaskConfig::Mqar(c) => c.seq_len,
             TaskConfig::SelectiveCopy(c) => c.seq_len,
+            TaskConfig::Lm(c) => c.seq_len,
         }
+    }
+
+    /// Whether this is the language-model task (data from disk, perplexity metrics).
+    pub fn is_lm(&self) -> bool {
+        matches!(self, TaskConfig::Lm(_))
     }
 
     /// `n` examples drawn from one `StdRng::seed_from_u64(seed)`; validates the config first.
@@ -213,6 +225,11 @@ impl TaskConfig {
         match self {
             TaskConfig::Mqar(c) => c.generate(n, seed),
             TaskConfig::SelectiveCopy(c) => c.generate(n, seed),
+            TaskConfig::Lm(_) => Err(TaskError::invalid(
+                "lm",
+                "data",
+                "language-model data come from a prepared directory, not a generator".into(),
+            )),
         }
     }
 
@@ -221,6 +238,7 @@ impl TaskConfig {
         match self {
             TaskConfig::Mqar(c) => c.regions(),
             TaskConfig::SelectiveCopy(c) => c.regions(),
+            TaskConfig::Lm(c) => vec![Region::new("text", 0..c.seq_len)],
         }
     }
 
@@ -229,6 +247,7 @@ impl TaskConfig {
         match self {
             TaskConfig::Mqar(c) => c.name(),
             TaskConfig::SelectiveCopy(c) => c.name(),
+            TaskConfig::Lm(c) => c.name(),
         }
     }
 
@@ -239,6 +258,7 @@ impl TaskConfig {
         match &mut c {
             TaskConfig::Mqar(c) => c.seq_len = t,
             TaskConfig::SelectiveCopy(c) => c.seq_len = t,
+            TaskConfig::Lm(c) => c.seq_len = t,
         }
         c
     }

@@ -1,0 +1,310 @@
+//! `loglinear bench`: timings that print their figures (op, decode, train), each checking
+//! correctness before it times anything.
+
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use burn::prelude::*;
+use burn::tensor::{DType, TensorData};
+use loglinear::fenwick::num_levels;
+use loglinear::nn::{LambdaMode, LmConfig, TransformerConfig};
+use loglinear::ops::{Dims, FenwickState, Form, LogLinearInput, log_linear_attn};
+use loglinear::testing::{HostInput, closeness};
+
+/// Median of `runs` timings of `f` in milliseconds, after `warmup` untimed calls; `sync` waits
+/// for the device.
+pub fn time_ms(warmup: usize, runs: usize, device: &Device, mut f: impl FnMut()) -> f64 {
+    for _ in 0..warmup {
+        f();
+    }
+    device.sync().ok();
+    let mut times: Vec<f64> = (0..runs.max(1))
+        .map(|_| {
+            let start = Instant::now();
+            f();
+            device.sync().ok();
+            start.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// Parses `bf16`, `f16`, `f32`, `f64`.
+pub fn parse_dtype(name: &str) -> Result<DType> {
+    Ok(match name {
+        "bf16" => DType::BF16,
+        "f16" => DType::F16,
+        "f32" => DType::F32,
+        "f64" => DType::F64,
+        other => bail!("unknown dtype {other:?}: expected bf16, f16, f32 or f64"),
+    })
+}
+
+/// Settings of `bench op`.
+#[derive(Clone, Debug)]
+pub struct OpBench {
+    /// Sequence lengths; the batch is `tokens / T` (at least 1).
+    pub lengths: Vec<usize>,
+    /// Tokens per call (B × T).
+    pub tokens: usize,
+    /// Heads.
+    pub heads: usize,
+    /// Key width.
+    pub n: usize,
+    /// Value width.
+    pub p: usize,
+    /// Chunk size.
+    pub chunk: usize,
+    /// Input dtype.
+    pub dtype: DType,
+    /// Timed runs per figure.
+    pub runs: usize,
+    /// Also time λ ≡ 1 (the Mamba-2 case of the same op).
+    pub lambda_one: bool,
+}
+
+/// Checks the chunked form on `device` against the f64 parallel form on the CPU (T = 512,
+/// a few heads), outputs and all gradients; returns the worst relative error.
+pub fn check_op(device: &Device, dtype: DType, n: usize, p: usize, chunk: usize) -> Result<f64> {
+    let dims = Dims {
+        b: 2,
+        t: 512,
+        h: 3,
+        n,
+        p,
+        l: num_levels(512),
+    };
+    let cpu = Device::flex().autodiff();
+    let x = LogLinearInput::random(dims, 7, DType::F64, &cpu);
+    let d_o = LogLinearInput::random(Dims { n: p, ..dims }, 8, DType::F64, &cpu).q;
+    let reference = loglinear::testing::run_with_grads(&x, &d_o, Form::Parallel, None);
+    let host = HostInput::from_input(&x);
+    let ad = device.clone().autodiff();
+    let xd = host.to_input(dtype, &ad);
+    let dod = Tensor::<4>::from_data(d_o.to_data(), (&ad, dtype));
+    let got = loglinear::testing::run_with_grads(&xd, &dod, Form::Chunked { chunk }, None);
+    let mut worst = closeness(&reference.o, &got.o).max_rel;
+    for ((name, r), (_, g)) in reference.grads.iter().zip(&got.grads) {
+        let c = closeness(r, g);
+        if c.non_finite || g.iter().all(|v| *v == 0.0) {
+            bail!("chunked form on {device:?}: {name} is non-finite or zero");
+        }
+        worst = worst.max(c.max_rel);
+    }
+    Ok(worst)
+}
+
+/// Rough floating-point work of the chunked form (forward): intra-chunk `T·C·(N+P)` and one
+/// `T·N·P` product per level above the chunk, ×2 for multiply-add, per head.
+pub fn chunked_flops(b: usize, t: usize, h: usize, n: usize, p: usize, chunk: usize) -> f64 {
+    let levels = num_levels(t).saturating_sub(chunk.trailing_zeros() as usize + 1);
+    let per_head =
+        t as f64 * chunk as f64 * (n + p) as f64 + levels as f64 * t as f64 * (n * p) as f64 * 2.0;
+    2.0 * b as f64 * h as f64 * per_head
+}
+
+/// Runs `bench op`: correctness first, then forward and forward+backward medians per T.
+pub fn bench_op(cfg: &OpBench, device: &Device) -> Result<String> {
+    let err = check_op(device, cfg.dtype, cfg.n.min(64), cfg.p.min(64), cfg.chunk)?;
+    let tol = if matches!(cfg.dtype, DType::F32 | DType::F64) {
+        1e-3
+    } else {
+        3e-2
+    };
+    let mut out = format!(
+        "correctness: chunked on {device:?} in {:?} vs f64 parallel on the CPU (B=2, T=512, H=3): \
+         worst max-relative error over o and all gradients {err:.2e} (tolerance {tol:.0e})\n",
+        cfg.dtype
+    );
+    if err > tol {
+        bail!("{out}correctness check failed; no timings taken");
+    }
+    out.push_str(&format!(
+        "\nshape: H={}, N={}, P={}, chunk {}, {:?}, B×T = {}; median of {} runs after warm-up\n\n",
+        cfg.heads, cfg.n, cfg.p, cfg.chunk, cfg.dtype, cfg.tokens, cfg.runs
+    ));
+    out.push_str("| T | B | λ | fwd ms | fwd+bwd ms | fwd tokens/s | fwd TFLOP/s |\n|---|---|---|---|---|---|---|\n");
+    for &t in &cfg.lengths {
+        let b = (cfg.tokens / t).max(1);
+        let dims = Dims {
+            b,
+            t,
+            h: cfg.heads,
+            n: cfg.n,
+            p: cfg.p,
+            l: num_levels(t),
+        };
+        let modes: &[bool] = if cfg.lambda_one {
+            &[false, true]
+        } else {
+            &[false]
+        };
+        for &ones in modes {
+            let mut x = LogLinearInput::random(dims, t as u64, cfg.dtype, device);
+            if ones {
+                x.lambda = x.lambda.ones_like();
+            }
+            let form = Form::Chunked { chunk: cfg.chunk };
+            let fwd = time_ms(2, cfg.runs, device, || {
+                let _ = log_linear_attn(&x, form, None, false).o;
+            });
+            let xa = LogLinearInput {
+                q: Tensor::from_inner(x.q.clone()).require_grad(),
+                k: Tensor::from_inner(x.k.clone()).require_grad(),
+                v: Tensor::from_inner(x.v.clone()).require_grad(),
+                g: Tensor::from_inner(x.g.clone()).require_grad(),
+                lambda: Tensor::from_inner(x.lambda.clone()).require_grad(),
+            };
+            let bwd = time_ms(2, cfg.runs, device, || {
+                let o = log_linear_attn(&xa, form, None, false).o;
+                let _ = o.sum().backward();
+            });
+            let flops = chunked_flops(b, t, cfg.heads, cfg.n, cfg.p, cfg.chunk);
+            out.push_str(&format!(
+                "| {t} | {b} | {} | {fwd:.2} | {bwd:.2} | {:.0} | {:.1} |\n",
+                if ones { "≡1" } else { "learned" },
+                (b * t) as f64 / (fwd / 1e3),
+                flops / (fwd / 1e3) / 1e12
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// Per-token decoding latency and cache size of the log-linear model against a softmax
+/// Transformer's KV cache, at several context lengths.
+///
+/// The states are built at the target position directly (random contents, the right shapes):
+/// a decoding step costs the same whatever the numbers in the cache, so the latency is that of a
+/// real cache at that context, without prefilling it first.
+pub fn bench_decode(
+    contexts: &[usize],
+    d_model: usize,
+    layers: usize,
+    steps: usize,
+    device: &Device,
+) -> Result<String> {
+    let vocab = 50257;
+    let heads = d_model / 64;
+    let levels = num_levels(*contexts.iter().max().unwrap_or(&1) + steps + 1);
+    let mut config = LmConfig::new(vocab, d_model, layers);
+    config.mixer.expand = 1;
+    config.mixer.lambda.mode = LambdaMode::MlpSoftplus;
+    config.mixer.lambda.levels = levels;
+    let model = config.init(0, device);
+    let tconfig = TransformerConfig {
+        max_seq_len: contexts.iter().max().unwrap_or(&1) + steps + 1,
+        ..TransformerConfig::new(vocab, d_model, layers, heads)
+    };
+    let transformer = tconfig.init(0, device);
+    let token = Tensor::<1, Int>::from_data(TensorData::new(vec![42i64], vec![1]), device);
+    let mut out = format!(
+        "decoding, batch 1, D = {d_model}, {layers} layers, {heads} heads × 64, vocab {vocab}, {levels} λ levels, \
+         on {device:?}; median per-token latency over {steps} steps\n\n\
+         | context | log-linear ms/token | log-linear cache bytes | Transformer ms/token | KV cache bytes |\n|---|---|---|---|---|\n"
+    );
+    for &c in contexts {
+        let mut state = model.init_state(1, device);
+        for layer in &mut state.layers {
+            let dims = layer.fenwick.levels.dims();
+            layer.fenwick = FenwickState {
+                levels: Tensor::random(dims, burn::tensor::Distribution::Normal(0.0, 0.01), device),
+                position: c,
+            };
+        }
+        let bytes = state.size_bytes();
+        let ll = time_ms(2, steps, device, || {
+            let mut s = state.clone();
+            let _ = model.step(token.clone(), &mut s);
+        });
+        // Transformer: a KV cache of c positions (prefilled in pieces to bound memory).
+        let mut tstate = transformer.init_state(1, device);
+        let mut done = 0;
+        while done < c {
+            let len = (c - done).min(4096);
+            let ids: Vec<i64> = (0..len).map(|i| ((done + i) % vocab) as i64).collect();
+            let piece = Tensor::<2, Int>::from_data(TensorData::new(ids, vec![1, len]), device);
+            let _ = transformer.extend(piece, &mut tstate);
+            done += len;
+        }
+        let tbytes = tstate.size_bytes();
+        let tt = time_ms(2, steps, device, || {
+            let mut s = tstate.clone();
+            let _ = transformer.step(token.clone(), &mut s);
+        });
+        out.push_str(&format!(
+            "| {c} | {ll:.3} | {bytes} | {tt:.3} | {tbytes} |\n"
+        ));
+    }
+    Ok(out)
+}
+
+/// Median training-step time and throughput of the LM for λ modes (and the Transformer).
+pub fn bench_train(
+    d_model: usize,
+    layers: usize,
+    seq_len: usize,
+    batch: usize,
+    modes: &[String],
+    runs: usize,
+    device: &Device,
+) -> Result<String> {
+    use crate::config::{Arch, ExperimentConfig};
+    use crate::model::{Model, masked_cross_entropy};
+    use burn::optim::GradientsParams;
+    let vocab = 50257;
+    let mut out = format!(
+        "training step (forward, loss, backward, AdamW), D = {d_model}, {layers} layers, T = {seq_len}, batch {batch}, \
+         vocab {vocab}, f32, on {device:?}; median of {runs} steps after 2 warm-up steps\n\n\
+         | model | ms/step | tokens/s | params | memory reserved |\n|---|---|---|---|---|\n"
+    );
+    let ad = device.clone().autodiff();
+    for mode in modes {
+        let text = format!(
+            "name = \"bench\"\n[task.lm]\ndata = \".\"\nseq_len = {seq_len}\n[model]\narch = \"{}\"\nlambda = \"{}\"\nd_model = {d_model}\nn_layers = {layers}\nheads = {}\nexpand = 1\nd_state = 128\nhead_dim = 64\nlevels = 15\n[train]\nbatch_size = {batch}\ntrain_examples = {batch}\n",
+            if mode == "transformer" {
+                "transformer"
+            } else {
+                "mamba2"
+            },
+            if mode == "transformer" {
+                "linear"
+            } else {
+                mode.as_str()
+            },
+            d_model / 64,
+        );
+        let cfg: ExperimentConfig = crate::config::typed(toml::from_str(&text)?)?;
+        let arch_name = if cfg.model.arch == Arch::Transformer {
+            "transformer (softmax)".to_string()
+        } else {
+            format!("log-linear Mamba-2, λ {mode}")
+        };
+        let mut model = Model::new(&cfg, &ad);
+        let params = burn::module::Module::num_params(&model);
+        let mut optim = crate::train::optimizer(&cfg.train);
+        let ids: Vec<i64> = (0..batch * seq_len)
+            .map(|i| (i * 7919 % vocab) as i64)
+            .collect();
+        let inputs =
+            Tensor::<2, Int>::from_data(TensorData::new(ids.clone(), vec![batch, seq_len]), &ad);
+        let targets = Tensor::<2, Int>::from_data(TensorData::new(ids, vec![batch, seq_len]), &ad);
+        let form = cfg.model.form();
+        let mut step = || {
+            let logits = model.forward(inputs.clone(), form, false).logits;
+            let (loss, _) = masked_cross_entropy(logits, targets.clone());
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(1e-4, model.clone(), grads);
+        };
+        let ms = time_ms(2, runs, device, &mut step);
+        let reserved = device.memory_pool_usage().map_or("n/a".to_string(), |u| {
+            format!("{:.2} GiB", u.bytes_reserved as f64 / (1u64 << 30) as f64)
+        });
+        out.push_str(&format!(
+            "| {arch_name} | {ms:.1} | {:.0} | {params} | {reserved} |\n",
+            (batch * seq_len) as f64 / (ms / 1e3)
+        ));
+    }
+    Ok(out)
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds the release `loglinear` binary with the CUDA backend into bin-gpu/.
+#
+# CUDA kernels are compiled at run time by NVRTC (cudarc loads libcuda and libnvrtc with dlopen),
+# so no nvcc or CUDA toolkit is needed here. cubecl-cuda 0.11.3 depends on cubecl-llvm, whose
+# build script downloads LLVM; machines without internet access build with the patch in
+# scripts/patches/ (see shared/gpu-build/README.md of the project notes), applied to a copy of the
+# crate in .gpu-build/ and used through a --config patch so that CPU builds never see it.
+# Cargo.lock is restored afterwards: the patch is a build-time detail, not a dependency change.
+#
+# Usage: scripts/build-gpu.sh [--no-patch]      (--no-patch: online machines, upstream crate)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+crate=cubecl-cuda-0.11.3
+work=.gpu-build
+out=bin-gpu
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target-gpu}"
+
+args=(build --profile gpu-release -p loglinear-cli --features cuda)
+if [[ "${1:-}" != "--no-patch" ]]; then
+    cargo fetch --locked
+    src=$(find "${CARGO_HOME:-$HOME/.cargo}/registry/src" -maxdepth 2 -type d -name "$crate" | head -n 1)
+    [[ -n "$src" ]] || { echo "error: $crate not found in the cargo registry after cargo fetch" >&2; exit 1; }
+    mkdir -p "$work"
+    rm -rf "${work:?}/$crate"
+    cp -r "$src" "$work/"
+    (cd "$work/$crate" && patch -s -p1 < ../../scripts/patches/cubecl-cuda-0.11.3-offline.diff)
+    cp Cargo.lock "$work/Cargo.lock.orig"
+    trap 'cp "$work/Cargo.lock.orig" Cargo.lock' EXIT
+    args+=(--config "patch.crates-io.cubecl-cuda.path=\"$work/$crate\"")
+fi
+cargo "${args[@]}"
+mkdir -p "$out"
+cp "$CARGO_TARGET_DIR/gpu-release/loglinear" "$out/loglinear"
+ls -la "$out/loglinear"
+echo "built $out/loglinear; run it on the GPU machine with CUDA_PATH=/usr/local/cuda and"
+echo "LD_LIBRARY_PATH=/usr/local/cuda/lib64 (NVRTC needs the CUDA headers and libnvrtc)"
