@@ -5,7 +5,6 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use burn::prelude::Device;
 
 use crate::config::ConfigFile;
 use crate::{sweep, viz};
@@ -14,7 +13,8 @@ use crate::{sweep, viz};
 pub const DEMO_CONFIG: &str = include_str!("../../../experiments/demo.toml");
 
 /// Runs the demo into `out` (restartable: finished runs are kept).
-pub fn run(out: &Path, overrides: &[String], device: &Device) -> Result<()> {
+pub fn run(out: &Path, overrides: &[String], device_name: &str) -> Result<()> {
+    let device = &crate::device::parse_device(device_name)?;
     let file = ConfigFile::parse(DEMO_CONFIG, overrides).context("in the embedded demo config")?;
     let runs = out.join("runs");
     let points = file.expand()?;
@@ -28,7 +28,7 @@ pub fn run(out: &Path, overrides: &[String], device: &Device) -> Result<()> {
             .join("; "),
         out.display()
     );
-    let rows = sweep::run_sweep(&file, &runs, device, true)?;
+    let rows = sweep::run_sweep(&file, &runs, device_name, 1, true)?;
     println!();
     print!("{}", std::fs::read_to_string(runs.join("summary.md"))?);
     // λ of the first MLP-softplus run, and the curves; then both modes side by side.

@@ -170,6 +170,9 @@ struct SweepArgs {
     /// Sweep directory (default runs/<name>).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Runs at a time (child processes; e.g. several small runs sharing one GPU).
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
 }
 
 #[derive(Args, Debug)]
@@ -318,7 +321,7 @@ fn run_sweep(args: SweepArgs) -> Result<()> {
         .map(|c| c.name)
         .unwrap_or_else(|_| "sweep".into());
     let out = args.out.unwrap_or_else(|| PathBuf::from("runs").join(name));
-    let rows = sweep::run_sweep(&file, &out, &parse_device(&args.common.device)?, true)?;
+    let rows = sweep::run_sweep(&file, &out, &args.common.device, args.jobs, true)?;
     print!("{}", std::fs::read_to_string(out.join("summary.md"))?);
     println!("\n{} settings summarised in {}", rows.len(), out.display());
     Ok(())
@@ -444,9 +447,7 @@ fn main() {
         Command::Data(DataCommand::Prepare(args)) => loglinear_cli::data::run_prepare(&args),
         Command::Generate(args) => run_generate(args),
         Command::Bench(cmd) => run_bench(cmd),
-        Command::Demo(args) => {
-            parse_device(&args.device).and_then(|d| demo::run(&args.out, &args.set, &d))
-        }
+        Command::Demo(args) => demo::run(&args.out, &args.set, &args.device),
     };
     if let Err(err) = result {
         // One line: the error and its context chain.

@@ -6,7 +6,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use burn::prelude::Device;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{ConfigFile, ExperimentConfig};
@@ -36,11 +35,14 @@ pub struct SweepIndex {
     pub points: Vec<SweepPoint>,
 }
 
-/// Runs every point of `file`'s sweep under `out`, skipping finished runs; then summarises.
+/// Runs every point of `file`'s sweep under `out`, skipping finished runs and resuming
+/// interrupted ones; `jobs > 1` runs that many points at once as child processes (each writes
+/// its log to `<run>/train.log`). Then summarises.
 pub fn run_sweep(
     file: &ConfigFile,
     out: &Path,
-    device: &Device,
+    device: &str,
+    jobs: usize,
     progress: bool,
 ) -> Result<Vec<SummaryRow>> {
     let points = file.expand()?;
@@ -58,27 +60,93 @@ pub fn run_sweep(
     }
     crate::checkpoint::write_atomic(&out.join("sweep.json"), &serde_json::to_vec_pretty(&index)?)?;
     let total = points.len();
+    let mut todo = Vec::new();
     for (i, (name, config)) in points.into_iter().enumerate() {
         let dir = out.join(&name);
         if is_finished(&dir, &config)? {
             eprintln!("[{}/{total}] {name}: finished, skipped", i + 1);
             continue;
         }
-        eprintln!("[{}/{total}] {name}", i + 1);
         let config = ExperimentConfig {
             name: format!("{}/{}", config.name, name),
             ..config
         };
-        let opts = RunOptions {
-            out: dir,
-            device: device.clone(),
-            resume: true,
-            progress,
-            stop_after: None,
-        };
-        train::train(&config, &opts).with_context(|| format!("sweep run {name}"))?;
+        todo.push((i, name, dir, config));
+    }
+    if jobs <= 1 {
+        let device = crate::device::parse_device(device)?;
+        for (i, name, dir, config) in todo {
+            eprintln!("[{}/{total}] {name}", i + 1);
+            let opts = RunOptions {
+                out: dir,
+                device: device.clone(),
+                resume: true,
+                progress,
+                stop_after: None,
+            };
+            train::train(&config, &opts).with_context(|| format!("sweep run {name}"))?;
+        }
+    } else {
+        run_children(todo, total, device, jobs)?;
     }
     summarise(out)
+}
+
+/// Runs sweep points as `loglinear train` child processes, `jobs` at a time.
+fn run_children(
+    todo: Vec<(usize, String, PathBuf, ExperimentConfig)>,
+    total: usize,
+    device: &str,
+    jobs: usize,
+) -> Result<()> {
+    let exe = std::env::current_exe().context("cannot find the loglinear binary to start runs")?;
+    let mut queue = todo.into_iter();
+    let mut running: Vec<(String, std::process::Child)> = Vec::new();
+    let mut failed = Vec::new();
+    loop {
+        while running.len() < jobs {
+            let Some((i, name, dir, config)) = queue.next() else {
+                break;
+            };
+            fs::create_dir_all(&dir)?;
+            let point = dir.join("point.toml");
+            crate::checkpoint::write_atomic(&point, toml::to_string_pretty(&config)?.as_bytes())?;
+            let log = fs::File::create(dir.join("train.log"))?;
+            let child = std::process::Command::new(&exe)
+                .arg("train")
+                .arg(&point)
+                .arg("--out")
+                .arg(&dir)
+                .arg("--resume")
+                .args(["--device", device])
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .with_context(|| format!("cannot start the run {name}"))?;
+            eprintln!("[{}/{total}] {name}: started", i + 1);
+            running.push((name, child));
+        }
+        if running.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let mut still = Vec::new();
+        for (name, mut child) in running {
+            match child.try_wait()? {
+                Some(status) if status.success() => eprintln!("{name}: finished"),
+                Some(status) => {
+                    eprintln!("{name}: FAILED ({status}); see its train.log");
+                    failed.push(name);
+                }
+                None => still.push((name, child)),
+            }
+        }
+        running = still;
+    }
+    if !failed.is_empty() {
+        anyhow::bail!("{} sweep runs failed: {}", failed.len(), failed.join("; "));
+    }
+    Ok(())
 }
 
 /// Whether `dir` holds a finished run of exactly `config`.

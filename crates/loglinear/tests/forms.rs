@@ -470,3 +470,19 @@ fn too_few_levels_is_refused_with_the_need() {
         assert!(msg.contains("need 5"), "{form}: {msg}");
     }
 }
+
+/// bf16 inputs: the op computes in f32 internally and returns bf16; the result is as close to the
+/// f64 reference as bf16 rounding of the inputs and output allows.
+#[test]
+fn half_precision_inputs_compute_in_f32() {
+    let seed = fresh_seed(1100);
+    let x64 = LogLinearInput::random(dims(2, 150, 2, 16, 8), seed, DType::F64, &dev());
+    let x16 = HostInput::from_input(&x64).to_input(DType::BF16, &dev());
+    // the reference sees the same bf16-rounded inputs
+    let reference = HostInput::from_input(&x16).reference_output();
+    for form in [Form::Chunked { chunk: 16 }, Form::Parallel, Form::Recurrent] {
+        let o = log_linear_attn(&x16, form, None, false).o;
+        assert_eq!(o.dtype(), DType::BF16);
+        assert_close(&format!("bf16 {form}"), &reference, &to_f64(&o), 1e-2);
+    }
+}

@@ -213,6 +213,29 @@ pub fn log_linear_attn(
     initial: Option<&FenwickState>,
     return_state: bool,
 ) -> AttnOutput {
+    // Half-precision inputs: the decays are differences of cumulative sums, which bf16/f16 cannot
+    // hold to useful accuracy, and the level states accumulate many terms; the tensor forms
+    // therefore compute in f32 and return `o` in the input dtype (the state stays f32).
+    let dtype = x.dtype();
+    if matches!(dtype, DType::BF16 | DType::F16) {
+        let up = |t: Tensor<4>| t.cast(DType::F32);
+        let wide = LogLinearInput {
+            q: up(x.q.clone()),
+            k: up(x.k.clone()),
+            v: up(x.v.clone()),
+            g: x.g.clone().cast(DType::F32),
+            lambda: up(x.lambda.clone()),
+        };
+        let initial = initial.map(|s| FenwickState {
+            levels: s.levels.clone().cast(DType::F32),
+            position: s.position,
+        });
+        let out = log_linear_attn(&wide, form, initial.as_ref(), return_state);
+        return AttnOutput {
+            o: out.o.cast(dtype),
+            state: out.state,
+        };
+    }
     match form {
         Form::Parallel => parallel(x, initial, return_state),
         Form::Chunked { chunk } => chunked(x, chunk, initial, return_state),

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine: scripts/gpu-run.sh STEP... where STEP is one of
+#   smoke | op | train | decode | mqar-timing | sweep:CONFIG:JOBS[:SET,SET...]
+# bin-gpu/loglinear.xz is built by scripts/build-gpu.sh and carried over; results go to $OUT.
+set -uo pipefail
+export CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
+export LD_LIBRARY_PATH=$CUDA_PATH/lib64:${LD_LIBRARY_PATH:-}
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+bin=/tmp/loglinear
+[[ -x $bin ]] || { xz -dc bin-gpu/loglinear.xz > $bin && chmod +x $bin; }
+step() { echo; echo "=== $* ($(date +%T)) ==="; }
+for s in "$@"; do
+case "$s" in
+smoke)
+    step smoke
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    /usr/bin/time -f "%e s" timeout 300 $bin train experiments/mqar_tiny.toml --device cuda --out /tmp/tiny 2>&1 | tail -3
+    ;;
+op)
+    step "bench op f32"
+    timeout 300 $bin bench op --device cuda --dtype f32 --runs 5 --lambda-one 2>&1 | tee "$out/bench_op_f32.txt"
+    step "bench op bf16"
+    timeout 200 $bin bench op --device cuda --dtype bf16 --runs 5 2>&1 | tee "$out/bench_op_bf16.txt"
+    ;;
+train)
+    step "bench train"
+    timeout 250 $bin bench train --device cuda --runs 3 2>&1 | tee "$out/bench_train.txt"
+    ;;
+decode)
+    step "bench decode"
+    timeout 150 $bin bench decode --device cuda --contexts 1024,16384,65536 --steps 10 2>&1 | tee "$out/bench_decode.txt"
+    ;;
+mqar-timing)
+    step "MQAR T=256 K=32 timing, 300 steps"
+    /usr/bin/time -f "%e s" timeout 300 $bin train experiments/mqar_paper_sweep.toml --device cuda --out /tmp/mt \
+        --set model.lambda=mlp_softplus --set task.seq_len=256 --set task.num_kv_pairs=32 --set seed=0 \
+        --set train.steps=300 --set eval.every=100 2>&1 | tail -2
+    grep -h tokens_per_s /tmp/mt/metrics.jsonl | tail -2
+    ;;
+sweep:*)
+    IFS=: read -r _ config jobs sets <<< "$s"
+    name=$(basename "$config" .toml)
+    args=()
+    IFS=, read -ra kv <<< "${sets:-}"
+    for x in "${kv[@]}"; do [[ -n $x ]] && args+=(--set "$x"); done
+    step "sweep $config, $jobs jobs ${args[*]}"
+    timeout "${SWEEP_TIMEOUT:-540}" $bin sweep "$config" --device cuda --jobs "$jobs" --out "/tmp/sweeps/$name" "${args[@]}" 2>&1 | tail -40
+    (cd /tmp/sweeps && tar czf "$out/$name.tgz" --exclude='*.safetensors' --exclude='*.bpk' "$name")
+    ;;
+*) echo "unknown step $s" ;;
+esac
+done
