@@ -275,6 +275,20 @@ fn run_train(args: TrainArgs) -> Result<()> {
         stop_after: args.stop_after,
     };
     let s = train::train(&config, &opts)?;
+    if let Some(ppl) = s.best_ppl {
+        println!(
+            "{}: best validation perplexity {ppl:.2} at step {} (token-weighted; batch-mean definition {:.2}), {} steps{}, {} parameters, {:.0} s; run in {}",
+            s.name,
+            s.best_step,
+            s.best_ppl_batch_mean.unwrap_or(f64::NAN),
+            s.steps,
+            if s.stopped_early { " (early stop)" } else { "" },
+            s.params,
+            s.seconds,
+            out.display()
+        );
+        return Ok(());
+    }
     println!(
         "{}: best accuracy {:.2}% at step {} (last {:.2}%), {} steps{}, {} parameters, {:.0} s; run in {}",
         s.name,
@@ -303,6 +317,18 @@ fn run_eval(args: EvalArgs) -> Result<()> {
     let config = file.config()?;
     let device = parse_device(&args.device)?;
     let m = train::evaluate_run(&args.run, &config, &device)?;
+    if config.task.is_lm() {
+        println!(
+            "{} on {}: perplexity {:.3} over {} tokens (token-weighted; exp of the batch-mean NLL: {:.3}), next-token accuracy {:.2}%",
+            args.run.display(),
+            config.task.name(),
+            m.ppl(),
+            m.scored,
+            m.batch_mean_loss.exp(),
+            100.0 * m.acc
+        );
+        return Ok(());
+    }
     println!(
         "{} on {}: accuracy {:.2}% over {} scored positions, loss {:.4}",
         args.run.display(),

@@ -149,7 +149,8 @@ pub fn masked_cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> (Tens
     let count = scored.clone().int().sum().into_scalar::<i64>().max(0) as usize;
     let safe = targets.mask_fill(scored.clone().bool_not(), 0);
     let logp = log_softmax(logits.reshape([b * t, v]), 1).gather(1, safe); // [B·T, 1]
-    let picked = logp * scored.float();
+    let dtype = logp.dtype();
+    let picked = logp * scored.float().cast(dtype);
     let loss = picked.sum().neg() / (count.max(1) as f64);
     (loss, count)
 }

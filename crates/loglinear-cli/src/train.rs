@@ -242,13 +242,9 @@ impl Accumulator {
         let target_values: Vec<i64> = targets.to_data().try_into_vec_as::<i64>().expect("targets");
         let (c, s) = masked_accuracy(&predictions, &target_values);
         let (loss, n) = masked_cross_entropy(logits, targets);
-        let mean = loss.into_scalar::<f64>();
+        debug_assert_eq!(s, n, "accuracy and loss score the same positions");
         self.correct += c;
-        self.scored += s;
-        if n > 0 {
-            self.nll += mean * n as f64;
-            self.batch_means.push(mean);
-        }
+        self.push(loss.into_scalar::<f64>(), n);
     }
 
     fn finish(self) -> EvalMetrics {
@@ -258,6 +254,27 @@ impl Accumulator {
             batch_mean_loss: self.batch_means.iter().sum::<f64>()
                 / self.batch_means.len().max(1) as f64,
             scored: self.scored,
+        }
+    }
+}
+
+/// Combines per-batch `(mean NLL, scored tokens)` into the token-weighted mean NLL (our
+/// perplexity: `exp` of it) and the mean of the batch means (the published definition).
+pub fn combine_batches(batches: &[(f64, usize)]) -> (f64, f64) {
+    let mut acc = Accumulator::default();
+    for &(mean, n) in batches {
+        acc.push(mean, n);
+    }
+    let m = acc.finish();
+    (m.loss, m.batch_mean_loss)
+}
+
+impl Accumulator {
+    fn push(&mut self, mean: f64, n: usize) {
+        self.scored += n;
+        if n > 0 {
+            self.nll += mean * n as f64;
+            self.batch_means.push(mean);
         }
     }
 }
