@@ -259,6 +259,7 @@ pub fn summarise(sweep_dir: &Path) -> Result<Vec<SummaryRow>> {
         summary_markdown(&rows, &keys, &index),
     )?;
     plot_summary(sweep_dir, &rows, &keys)?;
+    plot_all_curves(sweep_dir, &index)?;
     Ok(rows)
 }
 
@@ -490,4 +491,52 @@ fn plot_modes_only(dir: &Path, rows: &[SummaryRow]) -> Result<Vec<PathBuf>> {
         &categories,
         &groups,
     )
+}
+
+/// Held-out accuracy (or perplexity for language models) against the step, one line per run.
+fn plot_all_curves(dir: &Path, index: &SweepIndex) -> Result<Vec<PathBuf>> {
+    let mut series = Vec::new();
+    let mut lm = false;
+    for point in &index.points {
+        let Ok(metrics) = train::read_metrics(&dir.join(&point.dir).join("metrics.jsonl")) else {
+            continue;
+        };
+        lm |= metrics.iter().any(|m| m.get("eval_ppl").is_some());
+        let key = if lm { "eval_ppl" } else { "eval_acc" };
+        let scale = if lm { 1.0 } else { 100.0 };
+        let points: Vec<(f64, f64)> = metrics
+            .iter()
+            .filter_map(|m| Some((m["step"].as_f64()?, m[key].as_f64()? * scale)))
+            .collect();
+        if !points.is_empty() {
+            series.push(Series {
+                name: point.dir.clone(),
+                points,
+                err: None,
+            });
+        }
+    }
+    if series.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (title, y, opts) = if lm {
+        (
+            "Validation perplexity of every run",
+            "perplexity",
+            LineOpts {
+                log_y: true,
+                ..LineOpts::default()
+            },
+        )
+    } else {
+        (
+            "Held-out accuracy of every run",
+            "accuracy (%)",
+            LineOpts {
+                y_range: Some((0.0, 100.0)),
+                ..LineOpts::default()
+            },
+        )
+    };
+    report::line_plot(dir, "curves", title, "step", y, &series, &opts)
 }
