@@ -191,6 +191,10 @@ pub struct SummaryRow {
     pub test: Option<(f64, f64)>,
     /// Per-seed best accuracies, in seed order.
     pub per_seed: Vec<f64>,
+    /// Language-model runs: every figure is a validation perplexity instead of an accuracy
+    /// (`best` = lowest token-weighted perplexity, `last` = at the last evaluation, `test` = the
+    /// published batch-mean definition at the best step).
+    pub lm: bool,
 }
 
 /// Mean and sample standard deviation (0 for a single value).
@@ -234,9 +238,23 @@ pub fn summarise(sweep_dir: &Path) -> Result<Vec<SummaryRow>> {
         .into_iter()
         .map(|(setting, mut runs)| {
             runs.sort_by(|a, b| natural(&a.0).cmp(&natural(&b.0)));
-            let best: Vec<f64> = runs.iter().map(|(_, s)| s.best_acc).collect();
-            let last: Vec<f64> = runs.iter().map(|(_, s)| s.last_acc).collect();
-            let test: Vec<f64> = runs.iter().filter_map(|(_, s)| s.best_test_acc).collect();
+            let lm = runs.iter().any(|(_, s)| s.best_ppl.is_some());
+            let pick = |f: &dyn Fn(&RunSummary) -> Option<f64>| -> Vec<f64> {
+                runs.iter().filter_map(|(_, s)| f(s)).collect()
+            };
+            let (best, last, test) = if lm {
+                (
+                    pick(&|s| s.best_ppl),
+                    pick(&|s| Some(s.last_loss.exp())),
+                    pick(&|s| s.best_ppl_batch_mean),
+                )
+            } else {
+                (
+                    pick(&|s| Some(s.best_acc)),
+                    pick(&|s| Some(s.last_acc)),
+                    pick(&|s| s.best_test_acc),
+                )
+            };
             SummaryRow {
                 setting: setting.into_iter().collect(),
                 n: runs.len(),
@@ -244,6 +262,7 @@ pub fn summarise(sweep_dir: &Path) -> Result<Vec<SummaryRow>> {
                 last: mean_std(&last),
                 test: (!test.is_empty()).then(|| mean_std(&test)),
                 per_seed: best,
+                lm,
             }
         })
         .collect();
@@ -271,9 +290,22 @@ fn pct(x: (f64, f64)) -> String {
     format!("{:.1} ± {:.1}", 100.0 * x.0, 100.0 * x.1)
 }
 
+/// A figure of a row as shown: accuracies in %, perplexities as they are.
+fn shown(lm: bool, x: (f64, f64)) -> String {
+    if lm {
+        format!("{:.1} ± {:.1}", x.0, x.1)
+    } else {
+        pct(x)
+    }
+}
+
 fn summary_csv(rows: &[SummaryRow], keys: &[String]) -> String {
     let mut s = keys.join(",");
-    s.push_str(",n,best_acc_mean,best_acc_std,last_acc_mean,last_acc_std,test_acc_mean,test_acc_std,best_acc_per_seed\n");
+    if rows.iter().any(|r| r.lm) {
+        s.push_str(",n,best_ppl_mean,best_ppl_std,last_ppl_mean,last_ppl_std,batch_mean_ppl_mean,batch_mean_ppl_std,best_ppl_per_seed\n");
+    } else {
+        s.push_str(",n,best_acc_mean,best_acc_std,last_acc_mean,last_acc_std,test_acc_mean,test_acc_std,best_acc_per_seed\n");
+    }
     for r in rows {
         let cells: Vec<String> = keys
             .iter()
@@ -300,11 +332,18 @@ fn summary_csv(rows: &[SummaryRow], keys: &[String]) -> String {
 }
 
 fn summary_markdown(rows: &[SummaryRow], keys: &[String], index: &SweepIndex) -> String {
+    let lm = rows.iter().any(|r| r.lm);
     let has_test = rows.iter().any(|r| r.test.is_some());
     let mut s = String::from("# Sweep summary\n\n");
+    let what = if lm {
+        "validation perplexity (token-weighted, lower is better); best = lowest during training, \
+         last = at the final evaluation, batch-mean = the published definition exp(mean of batch-mean \
+         NLL) at the best step"
+    } else {
+        "held-out accuracy in %; best = best during training, last = at the final evaluation"
+    };
     s.push_str(&format!(
-        "{} runs over {} settings; accuracy in %, mean ± sample std over seeds (n = seeds finished). \
-         best = best held-out accuracy during training, last = at the final evaluation.\n\n",
+        "{} runs over {} settings; mean ± sample std over seeds (n = seeds finished); {what}.\n\n",
         rows.iter().map(|r| r.n).sum::<usize>(),
         rows.len()
     ));
@@ -314,44 +353,50 @@ fn summary_markdown(rows: &[SummaryRow], keys: &[String], index: &SweepIndex) ->
             "**{missing} runs have not finished and are not included.**\n\n"
         ));
     }
-    let header: Vec<String> = keys.iter().map(|k| format!("`{k}`")).collect();
+    let mut header: Vec<String> = keys.iter().map(|k| format!("`{k}`")).collect();
+    if header.is_empty() {
+        header.push("setting".into());
+    }
+    let test_name = if lm {
+        "batch-mean"
+    } else {
+        "test length (at best)"
+    };
+    header.extend(["n".into(), "best".into(), "last".into()]);
+    if has_test {
+        header.push(test_name.into());
+    }
+    header.push("per-seed best".into());
     s.push_str(&format!(
-        "| {} | n | best | last |{} per-seed best |\n",
+        "| {} |\n|{}\n",
         header.join(" | "),
-        if has_test {
-            " test length (at best) |"
-        } else {
-            ""
-        }
-    ));
-    s.push_str(&format!(
-        "|{}---|---|---|{}---|\n",
-        "---|".repeat(keys.len()),
-        if has_test { "---|" } else { "" }
+        "---|".repeat(header.len())
     ));
     for r in rows {
-        let cells: Vec<String> = keys
+        let mut cells: Vec<String> = keys
             .iter()
             .map(|k| r.setting.get(k).cloned().unwrap_or_default())
             .collect();
+        if cells.is_empty() {
+            cells.push("all".into());
+        }
+        cells.extend([r.n.to_string(), shown(lm, r.best), shown(lm, r.last)]);
+        if has_test {
+            cells.push(r.test.map_or("–".into(), |t| shown(lm, t)));
+        }
         let seeds: Vec<String> = r
             .per_seed
             .iter()
-            .map(|v| format!("{:.1}", 100.0 * v))
+            .map(|v| {
+                if lm {
+                    format!("{v:.1}")
+                } else {
+                    format!("{:.1}", 100.0 * v)
+                }
+            })
             .collect();
-        s.push_str(&format!(
-            "| {} | {} | {} | {} |{} {} |\n",
-            cells.join(" | "),
-            r.n,
-            pct(r.best),
-            pct(r.last),
-            if has_test {
-                format!(" {} |", r.test.map_or("–".into(), pct))
-            } else {
-                String::new()
-            },
-            seeds.join(", ")
-        ));
+        cells.push(seeds.join(", "));
+        s.push_str(&format!("| {} |\n", cells.join(" | ")));
     }
     s
 }
@@ -359,6 +404,14 @@ fn summary_markdown(rows: &[SummaryRow], keys: &[String], index: &SweepIndex) ->
 /// One plot per combination of the keys that are neither the λ mode nor the x variable:
 /// x = the last swept key other than the λ mode (numeric if possible), one series per λ mode.
 fn plot_summary(dir: &Path, rows: &[SummaryRow], keys: &[String]) -> Result<Vec<PathBuf>> {
+    let lm = rows.iter().any(|r| r.lm);
+    // Accuracies are plotted in %, perplexities as they are.
+    let scale = if lm { 1.0 } else { 100.0 };
+    let (metric, y_label, y_range) = if lm {
+        ("validation perplexity", "perplexity", None)
+    } else {
+        ("held-out accuracy", "accuracy (%)", Some((0.0, 100.0)))
+    };
     let Some(x_key) = keys
         .iter()
         .rev()
@@ -427,16 +480,16 @@ fn plot_summary(dir: &Path, rows: &[SummaryRow], keys: &[String]) -> Result<Vec<
                 pts.sort_by(|a, b| a.0.total_cmp(&b.0));
                 Series {
                     name: mode,
-                    points: pts.iter().map(|p| (p.0, 100.0 * p.1)).collect(),
-                    err: Some(pts.iter().map(|p| 100.0 * p.2).collect()),
+                    points: pts.iter().map(|p| (p.0, scale * p.1)).collect(),
+                    err: Some(pts.iter().map(|p| scale * p.2).collect()),
                 }
             })
             .collect();
         let title = if label.is_empty() {
-            "Best held-out accuracy (mean ± std over seeds)".to_string()
+            format!("Best {metric} (mean ± std over seeds)")
         } else {
             format!(
-                "Best held-out accuracy, {} (mean ± std over seeds)",
+                "Best {metric}, {} (mean ± std over seeds)",
                 label.join(", ")
             )
         };
@@ -460,12 +513,12 @@ fn plot_summary(dir: &Path, rows: &[SummaryRow], keys: &[String]) -> Result<Vec<
             &stem,
             &title,
             &x_label,
-            "accuracy (%)",
+            y_label,
             &series,
             &LineOpts {
                 log_x,
                 log_y: false,
-                y_range: Some((0.0, 100.0)),
+                y_range,
             },
         )?);
     }
@@ -473,24 +526,38 @@ fn plot_summary(dir: &Path, rows: &[SummaryRow], keys: &[String]) -> Result<Vec<
 }
 
 fn plot_modes_only(dir: &Path, rows: &[SummaryRow]) -> Result<Vec<PathBuf>> {
+    let lm = rows.iter().any(|r| r.lm);
+    let scale = if lm { 1.0 } else { 100.0 };
     let categories: Vec<String> = rows
         .iter()
-        .map(|r| r.setting.values().cloned().collect::<Vec<_>>().join(","))
+        .map(|r| {
+            let v: Vec<String> = r.setting.values().cloned().collect();
+            if v.is_empty() {
+                "all".into()
+            } else {
+                v.join(",")
+            }
+        })
         .collect();
+    let (name, title, y) = if lm {
+        (
+            "best perplexity",
+            "Best validation perplexity (mean ± std over seeds)",
+            "perplexity",
+        )
+    } else {
+        (
+            "best accuracy",
+            "Best held-out accuracy (mean ± std over seeds)",
+            "accuracy (%)",
+        )
+    };
     let groups = vec![(
-        "best accuracy".to_string(),
-        rows.iter().map(|r| 100.0 * r.best.0).collect(),
-        Some(rows.iter().map(|r| 100.0 * r.best.1).collect()),
+        name.to_string(),
+        rows.iter().map(|r| scale * r.best.0).collect(),
+        Some(rows.iter().map(|r| scale * r.best.1).collect()),
     )];
-    report::bar_chart(
-        dir,
-        "accuracy",
-        "Best held-out accuracy (mean ± std over seeds)",
-        "setting",
-        "accuracy (%)",
-        &categories,
-        &groups,
-    )
+    report::bar_chart(dir, "accuracy", title, "setting", y, &categories, &groups)
 }
 
 /// Held-out accuracy (or perplexity for language models) against the step, one line per run.
