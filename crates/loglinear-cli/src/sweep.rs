@@ -234,6 +234,12 @@ pub fn summarise(sweep_dir: &Path) -> Result<Vec<SummaryRow>> {
         let seed = point.values.get(SEED_KEY).cloned().unwrap_or_default();
         groups.entry(setting).or_default().push((seed, summary));
     }
+    // Settings in natural order (K = 4, 8, 16, not 16, 4, 8).
+    let mut groups: Vec<_> = groups.into_iter().collect();
+    groups.sort_by(|a, b| {
+        let key = |g: &Vec<(String, String)>| g.iter().map(|(_, v)| natural(v)).collect::<Vec<_>>();
+        key(&a.0).cmp(&key(&b.0))
+    });
     let rows: Vec<SummaryRow> = groups
         .into_iter()
         .map(|(setting, mut runs)| {
@@ -282,6 +288,7 @@ pub fn summarise(sweep_dir: &Path) -> Result<Vec<SummaryRow>> {
     Ok(rows)
 }
 
+/// Sort key that puts numbers in numeric order and before words.
 fn natural(s: &str) -> (u64, String) {
     (s.parse::<u64>().unwrap_or(u64::MAX), s.to_string())
 }
