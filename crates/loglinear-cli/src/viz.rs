@@ -138,7 +138,7 @@ pub fn visualise_run(
             written.extend(report::heatmap(
                 out,
                 &format!("lambda_layer{layer}_head{head}"),
-                &format!("λ ({mode}), layer {layer}, head {head}, one held-out sequence of {task}; grey: level not read"),
+                &format!("λ ({mode}), layer {layer}, head {head}, one held-out sequence: {task}"),
                 "token position",
                 "Fenwick level",
                 "λ",

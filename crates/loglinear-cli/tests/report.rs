@@ -383,7 +383,7 @@ fn heatmap_edge_cases_do_not_panic() {
     d[1] = 3.0;
     let paths = heatmap(&dir, "nan", "with NaN", "t", "level", "λ", &d, 6, 50, &[]).unwrap();
     let (_, svg) = check(&paths, "nan");
-    assert_texts(&svg, &["0", "3", "NaN"]);
+    assert_texts(&svg, &["0", "3", "no value"]);
 
     // all NaN, single cell, empty, big square, shades out of range / empty / narrow
     let narrow = [

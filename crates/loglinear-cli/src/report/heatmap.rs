@@ -132,7 +132,7 @@ impl<'a> HeatFig<'a> {
         self.cb_ticks
             .iter()
             .map(|(_, s)| text_width(s, TICK_SIZE))
-            .fold(text_width("NaN", TICK_SIZE), f64::max)
+            .fold(text_width("no value", TICK_SIZE), f64::max)
     }
 
     fn layout(&self, extra_top: f64) -> Layout<'_> {
@@ -340,7 +340,14 @@ impl Figure for HeatFig<'_> {
             let y = f.bottom + 18.0;
             c.fill_rect((bx0, y - 8.0), (bx1, y + 8.0), NAN_GREY.into())?;
             c.stroke_rect((bx0, y - 8.0), (bx1, y + 8.0), FRAME.into(), 1.0)?;
-            c.text("NaN", (bx1 + 12.0, y), TICK_SIZE, INK, LEFT_CENTER, false)?;
+            c.text(
+                "no value",
+                (bx1 + 12.0, y),
+                TICK_SIZE,
+                INK,
+                LEFT_CENTER,
+                false,
+            )?;
         }
         if !self.cb_label.is_empty() {
             let x = bx1 + 12.0 + self.cb_label_w() + 14.0 + LABEL_SIZE / 2.0;
