@@ -59,13 +59,7 @@ fn forward(x: &LogLinearInput, form: Form) -> Tensor<4> {
 }
 
 fn forward_backward(x: &LogLinearInput, form: Form) {
-    let x = LogLinearInput {
-        q: x.q.clone().detach().require_grad(),
-        k: x.k.clone().detach().require_grad(),
-        v: x.v.clone().detach().require_grad(),
-        g: x.g.clone().detach().require_grad(),
-        lambda: x.lambda.clone().detach().require_grad(),
-    };
+    let x = x.require_grad();
     let grads = log_linear_attn(&x, form, None, false).o.sum().backward();
     black_box(grads);
 }

@@ -173,13 +173,7 @@ pub fn run_with_grads(
     form: Form,
     initial: Option<&FenwickState>,
 ) -> FormResult {
-    let x = LogLinearInput {
-        q: x.q.clone().detach().require_grad(),
-        k: x.k.clone().detach().require_grad(),
-        v: x.v.clone().detach().require_grad(),
-        g: x.g.clone().detach().require_grad(),
-        lambda: x.lambda.clone().detach().require_grad(),
-    };
+    let x = x.require_grad();
     let out = log_linear_attn(&x, form, initial, true);
     let loss = (out.o.clone() * d_o.clone()).sum();
     let grads = loss.backward();

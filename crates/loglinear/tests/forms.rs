@@ -194,13 +194,7 @@ fn continuation_from_a_state_equals_one_pass() {
         (100, Form::Parallel),
         (141, Form::Recurrent),
     ] {
-        let xs = LogLinearInput {
-            q: x.q.clone().detach().require_grad(),
-            k: x.k.clone().detach().require_grad(),
-            v: x.v.clone().detach().require_grad(),
-            g: x.g.clone().detach().require_grad(),
-            lambda: x.lambda.clone().detach().require_grad(),
-        };
+        let xs = x.require_grad();
         let first = log_linear_attn(&xs.narrow(0, split), form, None, true);
         let state = first.state.unwrap();
         assert_eq!(state.position, split);

@@ -71,9 +71,25 @@ impl Init {
         self.values(vec![value; shape.iter().product()], shape)
     }
 
-    /// `n` draws from `U(0, 1)` on the host.
-    pub fn unit_draws(&mut self, n: usize) -> Vec<f64> {
-        (0..n).map(|_| self.rng.random::<f64>()).collect()
+    /// The Mamba-2 `dt_bias` of `heads` heads: the inverse softplus of a step `Δ₀` drawn
+    /// log-uniformly in `[dt_min, dt_max]` and floored at `floor`, so that
+    /// `softplus(dt_bias) = Δ₀` at init (spec §2.5).
+    pub fn dt_bias(
+        &mut self,
+        heads: usize,
+        dt_min: f64,
+        dt_max: f64,
+        floor: f64,
+    ) -> Param<Tensor<1>> {
+        let (lo, hi) = (dt_min.ln(), dt_max.ln());
+        let values = (0..heads)
+            .map(|_| {
+                let dt = (self.rng.random::<f64>() * (hi - lo) + lo).exp().max(floor);
+                // inverse softplus: dt + ln(−expm1(−dt))
+                dt + (-(-dt).exp_m1()).ln()
+            })
+            .collect();
+        self.values(values, [heads])
     }
 }
 

@@ -162,17 +162,7 @@ impl MixerConfig {
         let in_proj = Dense::normal(init, d, in_width, std);
         let conv_weight = init.normal([conv_dim, self.conv_kernel], std);
         let conv_bias = init.constant([conv_dim], 0.0);
-        let (lo, hi) = (self.dt_min.ln(), self.dt_max.ln());
-        let dt_bias = init
-            .unit_draws(h)
-            .into_iter()
-            .map(|u| {
-                let dt = (u * (hi - lo) + lo).exp().max(self.dt_init_floor);
-                // inverse softplus: dt + ln(−expm1(−dt))
-                dt + (-(-dt).exp_m1()).ln()
-            })
-            .collect();
-        let dt_bias = init.values(dt_bias, [h]);
+        let dt_bias = init.dt_bias(h, self.dt_min, self.dt_max, self.dt_init_floor);
         let a_log = init.values((0..h).map(|i| ((i + 1) as f64).ln()).collect(), [h]);
         let d_skip = init.constant([h], 1.0);
         let norm_weight = init.constant([di], 1.0);

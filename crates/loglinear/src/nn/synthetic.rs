@@ -109,22 +109,14 @@ impl SyntheticConfig {
                 let lambda = LevelWeights::new(&mut init, &self.lambda, h);
                 let dl = (lambda.dl_width() > 0)
                     .then(|| Dense::normal(&mut init, d, lambda.dl_width(), std));
-                let dt_bias = init
-                    .unit_draws(h)
-                    .into_iter()
-                    .map(|u| {
-                        let (lo, hi) = (1e-3f64.ln(), 1e-1f64.ln());
-                        let dt = (u * (hi - lo) + lo).exp().max(1e-4);
-                        dt + (-(-dt).exp_m1()).ln()
-                    })
-                    .collect();
+                let dt_bias = init.dt_bias(h, 1e-3, 1e-1, 1e-4);
                 SyntheticLayer {
                     wq: Dense::normal(&mut init, d, h * self.d_state, std),
                     wk: Dense::normal(&mut init, d, h * self.d_state, std),
                     wv: Dense::normal(&mut init, d, h * self.head_dim, std),
                     wdl: dl,
                     wdt: Dense::normal(&mut init, d, h, std),
-                    dt_bias: init.values(dt_bias, [h]),
+                    dt_bias,
                     a_log: init.values((0..h).map(|i| ((i + 1) as f64).ln()).collect(), [h]),
                     lambda,
                     wo: Dense::normal(

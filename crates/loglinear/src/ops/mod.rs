@@ -107,6 +107,18 @@ impl LogLinearInput {
         self.q.device()
     }
 
+    /// Fresh leaves that require gradients (detached from any earlier graph); the tensors must
+    /// live on an autodiff device.
+    pub fn require_grad(&self) -> Self {
+        Self {
+            q: self.q.clone().detach().require_grad(),
+            k: self.k.clone().detach().require_grad(),
+            v: self.v.clone().detach().require_grad(),
+            g: self.g.clone().detach().require_grad(),
+            lambda: self.lambda.clone().detach().require_grad(),
+        }
+    }
+
     /// The tokens `start..start + len` of this segment.
     pub fn narrow(&self, start: usize, len: usize) -> Self {
         Self {
