@@ -187,12 +187,15 @@ pub fn bench_decode(
 ) -> Result<String> {
     let vocab = 50257;
     let heads = d_model / 64;
-    let levels = num_levels(*contexts.iter().max().unwrap_or(&1) + steps + 1);
-    let mut config = LmConfig::new(vocab, d_model, layers);
-    config.mixer.expand = 1;
-    config.mixer.lambda.mode = LambdaMode::MlpSoftplus;
-    config.mixer.lambda.levels = levels;
-    let model = config.init(0, device);
+    // Each context gets a model with just the levels it needs, num_levels(context + steps + 1),
+    // as a deployment would size its cache: that is where the O(log T) growth shows.
+    let model_for = |context: usize| {
+        let mut config = LmConfig::new(vocab, d_model, layers);
+        config.mixer.expand = 1;
+        config.mixer.lambda.mode = LambdaMode::MlpSoftplus;
+        config.mixer.lambda.levels = num_levels(context + steps + 1);
+        config.init(0, device)
+    };
     let tconfig = TransformerConfig {
         max_seq_len: contexts.iter().max().unwrap_or(&1) + steps + 1,
         ..TransformerConfig::new(vocab, d_model, layers, heads)
@@ -200,11 +203,13 @@ pub fn bench_decode(
     let transformer = tconfig.init(0, device);
     let token = Tensor::<1, Int>::from_data(TensorData::new(vec![42i64], vec![1]), device);
     let mut out = format!(
-        "decoding, batch 1, D = {d_model}, {layers} layers, {heads} heads × 64, vocab {vocab}, {levels} λ levels, \
+        "decoding, batch 1, D = {d_model}, {layers} layers, {heads} heads × 64, vocab {vocab}, \
          on {device:?}; median per-token latency over {steps} steps\n\n\
-         | context | log-linear ms/token | log-linear cache bytes | Transformer ms/token | KV cache bytes |\n|---|---|---|---|---|\n"
+         | context | λ levels | log-linear ms/token | log-linear cache bytes | Transformer ms/token | KV cache bytes |\n|---|---|---|---|---|---|\n"
     );
     for &c in contexts {
+        let model = model_for(c);
+        let levels = model.config.mixer.lambda.levels;
         let mut state = model.init_state(1, device);
         for layer in &mut state.layers {
             let dims = layer.fenwick.levels.dims();
@@ -234,7 +239,7 @@ pub fn bench_decode(
             let _ = transformer.step(token.clone(), &mut s);
         });
         out.push_str(&format!(
-            "| {c} | {ll:.3} | {bytes} | {tt:.3} | {tbytes} |\n"
+            "| {c} | {levels} | {ll:.3} | {bytes} | {tt:.3} | {tbytes} |\n"
         ));
     }
     Ok(out)
