@@ -195,3 +195,39 @@ pub fn run_with_grads(
         state: out.state.map(|s| to_f64(&s.levels)),
     }
 }
+
+/// `len` values drawn uniformly from `[-1, 1)` with `seed`.
+pub fn uniform_values(len: usize, seed: u64) -> Vec<f64> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..len).map(|_| rng.random_range(-1.0..1.0)).collect()
+}
+
+/// Adds `U(−scale, scale)` noise to every float parameter of `module` (a different seed per
+/// parameter), so that parameters initialised to zero or one (biases, `W2` of the λ-MLP, norm
+/// weights) take part in a comparison. Parameters stay leaves (requiring gradients on an
+/// autodiff device).
+pub fn perturbed<M: burn::module::Module>(module: M, seed: u64, scale: f64) -> M {
+    struct Jitter(u64, f64);
+    impl burn::module::ModuleMapper for Jitter {
+        fn map_float<const D: usize>(
+            &mut self,
+            param: burn::module::Param<Tensor<D>>,
+        ) -> burn::module::Param<Tensor<D>> {
+            self.0 += 1;
+            let (seed, scale) = (self.0, self.1);
+            param.map(|t| {
+                let n = t.shape().num_elements();
+                let noise = Tensor::<1>::from_data(
+                    burn::tensor::TensorData::new(uniform_values(n, seed), vec![n]),
+                    (&t.device(), t.dtype()),
+                )
+                .reshape(t.shape());
+                let autodiff = t.is_autodiff();
+                let t = (t + noise * scale).detach();
+                if autodiff { t.require_grad() } else { t }
+            })
+        }
+    }
+    module.map(&mut Jitter(seed, scale))
+}

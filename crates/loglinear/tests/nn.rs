@@ -8,7 +8,7 @@ use loglinear::fenwick::num_levels;
 use loglinear::nn::init::Init;
 use loglinear::nn::{LambdaConfig, LambdaMlp, LambdaMode, LmConfig, LogLinearMamba2, MixerConfig};
 use loglinear::ops::{Dims, Form};
-use loglinear::testing::{HostInput, assert_close, to_f64};
+use loglinear::testing::{HostInput, assert_close, perturbed, to_f64, uniform_values};
 
 fn dev() -> Device {
     Device::flex()
@@ -174,36 +174,6 @@ fn reference_mixer(m: &LogLinearMamba2, x: &[f64], b: usize, t: usize) -> Vec<f6
     out
 }
 
-fn random_values(len: usize, seed: u64) -> Vec<f64> {
-    use rand::{Rng, SeedableRng};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    (0..len).map(|_| rng.random_range(-1.0..1.0)).collect()
-}
-
-/// Perturbs every parameter so that zero-initialised ones (W2, biases) take part in the check.
-fn perturbed<M: Module>(module: M, seed: u64) -> M {
-    struct Jitter(u64);
-    impl burn::module::ModuleMapper for Jitter {
-        fn map_float<const D: usize>(
-            &mut self,
-            param: burn::module::Param<Tensor<D>>,
-        ) -> burn::module::Param<Tensor<D>> {
-            self.0 += 1;
-            let seed = self.0;
-            param.map(|t| {
-                let noise = random_values(t.shape().num_elements(), seed);
-                let noise = Tensor::<1>::from_data(
-                    TensorData::new(noise, vec![t.shape().num_elements()]),
-                    &t.device(),
-                )
-                .reshape(t.shape());
-                t + noise * 0.3
-            })
-        }
-    }
-    module.map(&mut Jitter(seed))
-}
-
 #[test]
 fn mixer_matches_plain_loop_reference_for_every_mode_and_groups() {
     let (b, t) = (2, 37);
@@ -211,8 +181,8 @@ fn mixer_matches_plain_loop_reference_for_every_mode_and_groups() {
         for groups in [1, 2] {
             let cfg = small_mixer(mode, groups, num_levels(t));
             let mut init = Init::new(10 + i as u64, &dev());
-            let mixer = perturbed(cfg.init(&mut init, 0.3, 0.5), 100 + i as u64);
-            let x = random_values(b * t * cfg.d_model, 7 + i as u64);
+            let mixer = perturbed(cfg.init(&mut init, 0.3, 0.5), 100 + i as u64, 0.3);
+            let x = uniform_values(b * t * cfg.d_model, 7 + i as u64);
             let xt =
                 Tensor::<3>::from_data(TensorData::new(x.clone(), vec![b, t, cfg.d_model]), &dev());
             let expected = reference_mixer(&mixer, &x, b, t);
@@ -263,7 +233,7 @@ fn random_tokens(b: usize, t: usize, vocab: usize, seed: u64) -> Tensor<2, Int> 
 fn decoding_equals_parallel_forward() {
     let (b, t) = (2, 70);
     for mode in [LambdaMode::MlpSoftplus, LambdaMode::Linear] {
-        let model = perturbed(tiny_lm(mode, num_levels(t)).init(3, &dev()), 9);
+        let model = perturbed(tiny_lm(mode, num_levels(t)).init(3, &dev()), 9, 0.3);
         let tokens = random_tokens(b, t, 50, 4);
         let full = to_f64(&model.forward(tokens.clone(), Form::Parallel));
         let mut state = model.init_state(b, &dev());

@@ -9,16 +9,10 @@ use burn::tensor::TensorData;
 use burn::tensor::activation::softmax;
 use loglinear::nn::transformer::{Affine, CausalSelfAttention};
 use loglinear::nn::{TransformerConfig, TransformerLm};
-use loglinear::testing::{assert_close, to_f64};
+use loglinear::testing::{assert_close, perturbed, to_f64, uniform_values};
 
 fn dev() -> Device {
     Device::flex()
-}
-
-fn random_values(len: usize, seed: u64) -> Vec<f64> {
-    use rand::{Rng, SeedableRng};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    (0..len).map(|_| rng.random_range(-1.0..1.0)).collect()
 }
 
 fn random_tokens(b: usize, t: usize, vocab: usize, seed: u64) -> Tensor<2, Int> {
@@ -32,34 +26,6 @@ fn random_tokens(b: usize, t: usize, vocab: usize, seed: u64) -> Tensor<2, Int> 
 
 fn token_ids(tokens: &Tensor<2, Int>) -> Vec<i64> {
     tokens.to_data().try_into_vec_as::<i64>().unwrap()
-}
-
-/// Perturbs every parameter so that zero-initialised ones (biases, LayerNorm shifts) and the
-/// unit LayerNorm scales take part in the check.
-fn perturbed<M: Module>(module: M, seed: u64) -> M {
-    struct Jitter(u64);
-    impl burn::module::ModuleMapper for Jitter {
-        fn map_float<const D: usize>(
-            &mut self,
-            param: burn::module::Param<Tensor<D>>,
-        ) -> burn::module::Param<Tensor<D>> {
-            self.0 += 1;
-            let seed = self.0;
-            param.map(|t| {
-                let noise = random_values(t.shape().num_elements(), seed);
-                let noise = Tensor::<1>::from_data(
-                    TensorData::new(noise, vec![t.shape().num_elements()]),
-                    &t.device(),
-                )
-                .reshape(t.shape());
-                let autodiff = t.is_autodiff();
-                let t = (t + noise * 0.3).detach();
-                // A leaf again, so that the perturbation is not part of an autodiff graph.
-                if autodiff { t.require_grad() } else { t }
-            })
-        }
-    }
-    module.map(&mut Jitter(seed))
 }
 
 /// HF `GPT2LMHeadModel` parameters: wte V·D + wpe P·D + per layer (ln_1, ln_2: 4D; c_attn
@@ -268,10 +234,10 @@ fn reference_model(model: &TransformerLm, tokens: &[i64], b: usize, t: usize) ->
 #[test]
 fn attention_matches_plain_loop_reference() {
     let (b, t, d) = (2, 13, 8);
-    let model = perturbed(tiny(11, d, 1, 2).init(4, &dev()), 21);
+    let model = perturbed(tiny(11, d, 1, 2).init(4, &dev()), 21, 0.3);
     let attn = &model.blocks[0].attn;
     assert!(to_f64(&attn.qkv.bias.val()).iter().all(|x| *x != 0.0));
-    let x = random_values(b * t * d, 5);
+    let x = uniform_values(b * t * d, 5);
     let xt = Tensor::<3>::from_data(TensorData::new(x.clone(), vec![b, t, d]), &dev());
     assert_close(
         "attention",
@@ -289,7 +255,7 @@ fn model_matches_plain_loop_reference() {
             tie_embeddings: tie,
             ..tiny(17, 12, 2, 3)
         };
-        let model = perturbed(cfg.init(8, &dev()), 31);
+        let model = perturbed(cfg.init(8, &dev()), 31, 0.3);
         let tokens = random_tokens(b, t, 17, 6);
         assert_close(
             &format!("logits (tied: {tie})"),
@@ -326,12 +292,12 @@ fn plain_attention(m: &CausalSelfAttention, x: Tensor<3>) -> Tensor<3> {
 fn gradients_match_plain_attention_and_reach_every_parameter() {
     let ad = dev().autodiff();
     let (b, t, d) = (2, 19, 12);
-    let model = perturbed(tiny(23, d, 2, 3).init(2, &ad), 5);
+    let model = perturbed(tiny(23, d, 2, 3).init(2, &ad), 5, 0.3);
     let attn = &model.blocks[1].attn;
     let upload = |v: Vec<f64>| Tensor::<3>::from_data(TensorData::new(v, vec![b, t, d]), &ad);
     let (x0, d_o) = (
-        upload(random_values(b * t * d, 3)),
-        upload(random_values(b * t * d, 4)),
+        upload(uniform_values(b * t * d, 3)),
+        upload(uniform_values(b * t * d, 4)),
     );
     let run = |f: &dyn Fn(Tensor<3>) -> Tensor<3>| {
         let x = x0.clone().detach().require_grad();
@@ -360,7 +326,7 @@ fn gradients_match_plain_attention_and_reach_every_parameter() {
     let tokens = random_tokens(b, t, 23, 7);
     let logits = model.run(tokens);
     let weights = Tensor::<3>::from_data(
-        TensorData::new(random_values(b * t * 23, 8), vec![b, t, 23]),
+        TensorData::new(uniform_values(b * t * 23, 8), vec![b, t, 23]),
         &ad,
     );
     let grads = GradientsParams::from_grads((logits * weights).sum().backward(), &model);
@@ -371,7 +337,7 @@ fn gradients_match_plain_attention_and_reach_every_parameter() {
 }
 
 fn decoding_model() -> TransformerLm {
-    perturbed(tiny(50, 32, 2, 4).init(3, &dev()), 9)
+    perturbed(tiny(50, 32, 2, 4).init(3, &dev()), 9, 0.3)
 }
 
 #[test]
