@@ -243,7 +243,7 @@ pub fn summarise(sweep_dir: &Path) -> Result<Vec<SummaryRow>> {
     let rows: Vec<SummaryRow> = groups
         .into_iter()
         .map(|(setting, mut runs)| {
-            runs.sort_by(|a, b| natural(&a.0).cmp(&natural(&b.0)));
+            runs.sort_by_key(|r| natural(&r.0));
             let lm = runs.iter().any(|(_, s)| s.best_ppl.is_some());
             let pick = |f: &dyn Fn(&RunSummary) -> Option<f64>| -> Vec<f64> {
                 runs.iter().filter_map(|(_, s)| f(s)).collect()

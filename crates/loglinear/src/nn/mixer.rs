@@ -116,13 +116,13 @@ impl MixerConfig {
         if self.d_model == 0 || self.expand == 0 || self.head_dim == 0 || self.d_state == 0 {
             return Err(format!("mixer sizes must be positive: {self:?}"));
         }
-        if di % self.head_dim != 0 {
+        if !di.is_multiple_of(self.head_dim) {
             return Err(format!(
                 "d_inner = expand·d_model = {di} is not a multiple of head_dim = {}",
                 self.head_dim
             ));
         }
-        if self.n_groups == 0 || self.heads() % self.n_groups != 0 {
+        if self.n_groups == 0 || !self.heads().is_multiple_of(self.n_groups) {
             return Err(format!(
                 "heads = {} is not a multiple of n_groups = {}",
                 self.heads(),
