@@ -244,6 +244,7 @@ pub fn run(run_dir: &Path, opts: &GenerateOptions, device: &Device) -> Result<()
         print!("{}", &text[printed.len()..]);
     }
     println!();
+    std::io::stdout().flush().ok();
     eprintln!(
         "{} prompt tokens, {} generated in {:.2} s ({:.1} tokens/s, prefill included); cache {} bytes at position {}",
         prompt.len(),
