@@ -48,6 +48,14 @@ sweep:*)
     timeout "${SWEEP_TIMEOUT:-540}" $bin sweep "$config" --device cuda --jobs "$jobs" --out "/tmp/sweeps/$name" "${args[@]}" 2>&1 | tail -40
     (cd /tmp/sweeps && tar czf "$out/$name.tgz" --exclude='*.safetensors' --exclude='*.bpk' "$name")
     ;;
+lm-eval:*)
+    # Whole-split validation perplexity of every run of a sweep directory.
+    dir=/tmp/sweeps/${s#lm-eval:}
+    step "whole-split evaluation of $dir"
+    for r in "$dir"/*/; do
+        timeout 60 $bin eval "$r" --device cuda --set task.max_eval_windows=1000000 2>&1 | tail -1
+    done | tee "$out/$(basename "$dir")_eval.txt"
+    ;;
 *) echo "unknown step $s" ;;
 esac
 done
