@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use loglinear::fenwick::num_levels;
-use loglinear::nn::LambdaMode;
+use loglinear::nn::{LambdaMode, Precision};
 use loglinear::ops::Form;
 use serde::{Deserialize, Serialize};
 
@@ -117,6 +117,11 @@ pub struct ModelConfig {
     /// Chunk size of the chunked form (a power of two).
     #[serde(default = "d_64")]
     pub chunk: usize,
+    /// Compute dtype: `full` (the parameters' f32) or `bf16` (mixed precision: bf16 activations
+    /// and matrix products; f32 master weights, optimiser state, norms, decays, λ and the core
+    /// op's cumulative sums and states; f32 logits for the loss).
+    #[serde(default)]
+    pub precision: Precision,
 }
 
 fn d_arch() -> Arch {

@@ -56,6 +56,7 @@ fn mamba2_config(config: &ExperimentConfig) -> LmConfig {
         tie_embeddings: m.tie_embeddings,
         norm_eps: 1e-5,
         initializer_range: m.initializer_range,
+        precision: m.precision,
     }
 }
 
@@ -70,6 +71,7 @@ fn synthetic_config(config: &ExperimentConfig) -> SyntheticConfig {
         head_dim: m.head_dim,
         lambda: lambda_config(config),
         initializer_range: m.initializer_range,
+        precision: m.precision,
     }
 }
 
@@ -80,6 +82,7 @@ fn transformer_config(config: &ExperimentConfig) -> TransformerConfig {
         tie_embeddings: m.tie_embeddings,
         mlp_width: m.mlp_width,
         initializer_range: m.initializer_range,
+        precision: m.precision,
         ..TransformerConfig::new(config.task.vocab_size(), m.d_model, m.n_layers, m.heads)
     }
 }

@@ -388,3 +388,38 @@ fn every_shipped_config_is_valid() {
     }
     assert!(seen >= 6, "only {seen} configs found");
 }
+
+/// `model.precision = "bf16"` trains (bf16 activations, f32 master weights) and its losses stay
+/// close to the full-precision run's.
+#[test]
+fn mixed_precision_training_runs_and_tracks_full_precision() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = write_config(tmp.path(), &TINY.replace("steps = 40", "steps = 20"));
+    let full = tmp.path().join("full");
+    let half = tmp.path().join("half");
+    run_ok(bin().args(["train"]).arg(&config).arg("--out").arg(&full));
+    run_ok(
+        bin()
+            .args(["train"])
+            .arg(&config)
+            .arg("--out")
+            .arg(&half)
+            .args(["--set", "model.precision=bf16"]),
+    );
+    let losses = |run: &Path| -> Vec<f64> {
+        read_metrics(&run.join("metrics.jsonl"))
+            .unwrap()
+            .iter()
+            .filter_map(|m| m["loss"].as_f64())
+            .collect()
+    };
+    let (a, b) = (losses(&full), losses(&half));
+    assert_eq!(a.len(), b.len());
+    assert_ne!(a, b, "bf16 changed nothing");
+    for (x, y) in a.iter().zip(&b) {
+        assert!(
+            y.is_finite() && (x - y).abs() < 0.05 * x.abs(),
+            "full {x} vs bf16 {y}"
+        );
+    }
+}

@@ -434,3 +434,100 @@ fn synthetic_model_parameter_counts_match_the_spec() {
         );
     }
 }
+
+/// Mixed precision (bf16 activations, f32 master weights): the logits come back in f32 and track
+/// the full-precision logits, and the parameter gradients are f32 and close to the full ones.
+#[test]
+fn bf16_mixed_precision_tracks_full_precision() {
+    use loglinear::nn::{Precision, SyntheticConfig, TransformerConfig};
+    let ad = dev().autodiff();
+    let (b, t) = (2, 40);
+    let tokens = random_tokens(b, t, 50, 6);
+    let weights = Tensor::<3>::from_data(
+        TensorData::new(uniform_values(b * t * 50, 7), vec![b, t, 50]),
+        &ad,
+    );
+    // (logits, gradient of one projection) for a model built by `make`.
+    let run = |precision: Precision, which: usize| -> (Vec<f64>, Vec<f64>, burn::tensor::DType) {
+        let (logits, grad_of): (
+            Tensor<3>,
+            Box<dyn Fn(&burn::tensor::Gradients) -> Tensor<2>>,
+        ) = match which {
+            0 => {
+                let mut cfg = tiny_lm(LambdaMode::MlpSoftplus, 8);
+                cfg.precision = precision;
+                let m = perturbed(cfg.init(3, &ad), 9, 0.3);
+                let logits = m.forward(tokens.clone().to_device(&ad), Form::Chunked { chunk: 8 });
+                let w = m.blocks[0].mixer.in_proj.weight.clone();
+                (logits, Box::new(move |g| w.val().grad(g).unwrap()))
+            }
+            1 => {
+                let mut cfg = SyntheticConfig::new(
+                    50,
+                    LambdaConfig {
+                        mode: LambdaMode::MlpSoftplus,
+                        levels: 8,
+                        mlp_hidden: 16,
+                    },
+                );
+                cfg.d_model = 32;
+                cfg.d_state = 16;
+                cfg.head_dim = 16;
+                cfg.precision = precision;
+                let m = perturbed(cfg.init(3, &ad), 9, 0.3);
+                let logits = m
+                    .run(
+                        tokens.clone().to_device(&ad),
+                        Form::Chunked { chunk: 8 },
+                        false,
+                    )
+                    .0;
+                let w = m.layers[0].wq.weight.clone();
+                (logits, Box::new(move |g| w.val().grad(g).unwrap()))
+            }
+            _ => {
+                let cfg = TransformerConfig {
+                    precision,
+                    max_seq_len: 64,
+                    ..TransformerConfig::new(50, 32, 2, 2)
+                };
+                let m = perturbed(cfg.init(3, &ad), 9, 0.3);
+                let logits = m.forward(tokens.clone().to_device(&ad));
+                let w = m.blocks[0].attn.qkv.linear.weight.clone();
+                (logits, Box::new(move |g| w.val().grad(g).unwrap()))
+            }
+        };
+        let dtype = logits.dtype();
+        let grads = (logits.clone() * weights.clone()).sum().backward();
+        let grad = grad_of(&grads);
+        assert_eq!(
+            grad.dtype(),
+            burn::tensor::DType::F32,
+            "master-weight gradients are f32"
+        );
+        (to_f64(&logits), to_f64(&grad), dtype)
+    };
+    for (which, name) in ["log-linear Mamba-2", "paper_synthetic", "transformer"]
+        .iter()
+        .enumerate()
+    {
+        let (full, full_grad, _) = run(Precision::Full, which);
+        let (half, half_grad, dtype) = run(Precision::Bf16, which);
+        assert_eq!(
+            dtype,
+            burn::tensor::DType::F32,
+            "{name}: logits for the loss are f32"
+        );
+        assert_ne!(
+            full, half,
+            "{name}: bf16 changed nothing, so it did not run in bf16"
+        );
+        assert_close(&format!("{name} bf16 logits"), &full, &half, 5e-2);
+        assert_close(
+            &format!("{name} bf16 gradient"),
+            &full_grad,
+            &half_grad,
+            1e-1,
+        );
+    }
+}

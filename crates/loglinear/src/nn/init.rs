@@ -3,10 +3,11 @@
 
 use burn::module::{Param, ParamId};
 use burn::prelude::*;
-use burn::tensor::TensorData;
+use burn::tensor::{DType, TensorData};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
+use serde::{Deserialize, Serialize};
 
 /// Draws parameters on `device` from a seeded RNG.
 pub struct Init {
@@ -93,6 +94,43 @@ impl Init {
     }
 }
 
+/// Which dtype a model computes in. Parameters (the master weights) and the optimiser state
+/// keep their own dtype (f32); with [`Precision::Bf16`] activations and matrix products are
+/// bf16, while normalisations, Δ, the log-decays, λ and the core op's cumulative sums and states
+/// are computed in f32, and the logits are returned in f32.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// The parameters' dtype everywhere (f32 normally; f64 in some tests).
+    #[default]
+    Full,
+    /// bf16 activations and matrix products, f32 where accuracy needs it.
+    Bf16,
+}
+
+impl Precision {
+    /// The activation dtype for parameters of dtype `param`.
+    pub fn compute_dtype(self, param: DType) -> DType {
+        match self {
+            Precision::Full => param,
+            Precision::Bf16 => DType::BF16,
+        }
+    }
+}
+
+/// `t` in `dtype` (no copy when it already is).
+pub fn to_dtype<const D: usize>(t: Tensor<D>, dtype: DType) -> Tensor<D> {
+    if t.dtype() == dtype { t } else { t.cast(dtype) }
+}
+
+/// The dtype to accumulate values of `dtype` in: f32 for half precision, itself otherwise.
+pub fn wide(dtype: DType) -> DType {
+    match dtype {
+        DType::BF16 | DType::F16 => DType::F32,
+        other => other,
+    }
+}
+
 /// A bias-free linear map `y = x W` with `W: [d_in, d_out]`.
 #[derive(Module, Debug)]
 pub struct Dense {
@@ -104,7 +142,8 @@ impl Dense {
     /// # Shapes
     /// `x: [..., d_in]` → `[..., d_out]`.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        burn::tensor::module::linear(x, self.weight.val(), None)
+        let weight = to_dtype(self.weight.val(), x.dtype());
+        burn::tensor::module::linear(x, weight, None)
     }
 
     /// `N(0, std²)` weights.
@@ -145,9 +184,13 @@ impl RmsNorm {
 
     /// # Shapes
     /// `x: [..., D]` → `[..., D]`.
+    /// Computed in f32 for half-precision inputs; returns the input dtype.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let dtype = x.dtype();
+        let x = to_dtype(x, wide(dtype));
         let rms = (x.clone().square().mean_dim(D - 1) + self.eps).sqrt();
-        x / rms * self.weight.val().unsqueeze()
+        let weight = to_dtype(self.weight.val(), x.dtype());
+        to_dtype(x / rms * weight.unsqueeze(), dtype)
     }
 }
 
@@ -176,11 +219,16 @@ impl LayerNorm {
 
     /// # Shapes
     /// `x: [..., D]` → `[..., D]`.
+    /// Computed in f32 for half-precision inputs; returns the input dtype.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let dtype = x.dtype();
+        let x = to_dtype(x, wide(dtype));
+        let acc = x.dtype();
         let mean = x.clone().mean_dim(D - 1);
         let centered = x - mean;
         let var = centered.clone().square().mean_dim(D - 1);
-        centered / (var + self.eps).sqrt() * self.weight.val().unsqueeze()
-            + self.bias.val().unsqueeze()
+        let out = centered / (var + self.eps).sqrt() * to_dtype(self.weight.val(), acc).unsqueeze()
+            + to_dtype(self.bias.val(), acc).unsqueeze();
+        to_dtype(out, dtype)
     }
 }

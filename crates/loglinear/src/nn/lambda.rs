@@ -6,7 +6,7 @@ use burn::prelude::*;
 use burn::tensor::activation::{gelu, softmax, softplus};
 use serde::{Deserialize, Serialize};
 
-use super::init::Init;
+use super::init::{Init, to_dtype, wide};
 
 /// How λ is computed from the `dl` projection of a token (`[H, L]` per token).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -142,8 +142,11 @@ impl LambdaMlp {
     /// # Shapes
     /// `dl: [B, T, H, L]` → `[B, T, H, L]`.
     pub fn logits(&self, dl: Tensor<4>) -> Tensor<4> {
-        let hidden = gelu(dl.matmul(self.w1.val().unsqueeze()) + self.b1.val().unsqueeze());
-        hidden.matmul(self.w2.val().unsqueeze()) + self.b2.val().unsqueeze()
+        let dt = dl.dtype();
+        let p = |t: Tensor<2>| to_dtype(t, dt).unsqueeze::<4>();
+        let q = |t: Tensor<1>| to_dtype(t, dt).unsqueeze::<4>();
+        let hidden = gelu(dl.matmul(p(self.w1.val())) + q(self.b1.val()));
+        hidden.matmul(p(self.w2.val())) + q(self.b2.val())
     }
 }
 
@@ -193,7 +196,8 @@ impl LevelWeights {
     }
 
     /// λ from `dl` (head-major: `dl[h·L + ℓ]`); `None` (and ones) for [`LambdaMode::Ones`].
-    /// `like` gives the batch, length, dtype and device.
+    /// `like` gives the batch, length, dtype and device. λ is computed in f32 for half-precision
+    /// `dl` (it multiplies the level states in the core op, which runs in f32).
     ///
     /// # Shapes
     /// `dl: [B, T, H·L]`, `like: [B, T, ·]` → `λ: [B, T, H, L]`.
@@ -204,12 +208,16 @@ impl LevelWeights {
             (LambdaMode::Ones, _) => {
                 return Tensor::ones([b, t, h, l], (&like.device(), like.dtype()));
             }
-            (_, Some(dl)) => dl.reshape([b, t, h, l]),
+            (_, Some(dl)) => {
+                let dt = wide(dl.dtype());
+                to_dtype(dl, dt).reshape([b, t, h, l])
+            }
             (mode, None) => panic!("LevelWeights: mode {mode} needs the dl projection"),
         };
         match self.mode {
             LambdaMode::Linear => {
                 let scale = self.scale.as_ref().expect("linear λ has a scale").val();
+                let scale = to_dtype(scale, dl.dtype());
                 softplus(dl * scale.unsqueeze(), 1.0)
             }
             LambdaMode::MlpSoftplus => {

@@ -6,7 +6,7 @@ use burn::prelude::*;
 use burn::tensor::activation::{silu, softplus};
 use serde::{Deserialize, Serialize};
 
-use super::init::{Dense, Init};
+use super::init::{Dense, Init, to_dtype, wide};
 use super::lambda::{LambdaConfig, LevelWeights};
 use crate::fenwick;
 use crate::ops::{FenwickState, Form, LogLinearInput, log_linear_attn};
@@ -286,6 +286,12 @@ impl LogLinearMamba2 {
         let start = state.map_or(0, |s| s.fenwick.position);
         fenwick::check_levels("LogLinearMamba2", c.lambda.levels, start + t);
 
+        // Activations stay in x's dtype (bf16 under mixed precision); Δ, the decays, λ and the
+        // norm statistics are computed in `acc` (f32 then).
+        let dtype = x.dtype();
+        let acc = wide(dtype);
+        let param = |t: Tensor<1>| to_dtype(t, acc);
+
         // 1. in_proj, split z | xBC | dt | dl.
         let zx = self.in_proj.forward(x); // [B, T, in_width]
         let z = zx.clone().narrow(2, 0, di);
@@ -299,12 +305,12 @@ impl LogLinearMamba2 {
         // 2. causal depthwise conv over [previous K−1 inputs | xBC], then SiLU.
         let k = c.conv_kernel;
         let window = match state {
-            Some(s) => s.conv.clone(),
+            Some(s) => to_dtype(s.conv.clone(), dtype),
             None => Tensor::zeros([b, k - 1, conv_dim], (&xbc.device(), xbc.dtype())),
         };
         let padded = Tensor::cat(vec![window, xbc], 1); // [B, T+K−1, conv_dim]
-        let weight = self.conv_weight.val(); // [conv_dim, K]
-        let mut conv = self.conv_bias.val().unsqueeze::<3>();
+        let weight = to_dtype(self.conv_weight.val(), dtype); // [conv_dim, K]
+        let mut conv = to_dtype(self.conv_bias.val(), dtype).unsqueeze::<3>();
         for j in 0..k {
             let w_j = weight.clone().narrow(1, j, 1).reshape([1, 1, conv_dim]);
             conv = conv + padded.clone().narrow(1, j, t) * w_j;
@@ -323,10 +329,13 @@ impl LogLinearMamba2 {
         let queries = per_head(xbc.narrow(2, di + g * n, g * n));
 
         // 4–6. Δ = softplus(dt + dt_bias), g = A·Δ, v = Δ·x.
-        let delta = softplus(dt_raw + self.dt_bias.val().unsqueeze(), 1.0); // [B, T, H]
-        let a = self.a_log.val().exp().neg(); // [H]
+        let delta = softplus(
+            to_dtype(dt_raw, acc) + param(self.dt_bias.val()).unsqueeze(),
+            1.0,
+        ); // [B, T, H]
+        let a = param(self.a_log.val()).exp().neg(); // [H]
         let log_decay = delta.clone() * a.unsqueeze();
-        let values = xs.clone() * delta.unsqueeze_dim(3);
+        let values = xs.clone() * to_dtype(delta, dtype).unsqueeze_dim(3);
 
         // 7. λ, 8. the core op.
         let lambda = self.lambda.forward(dl, &log_decay);
@@ -340,10 +349,13 @@ impl LogLinearMamba2 {
         let out = log_linear_attn(&input, form, state.map(|s| &s.fenwick), return_state);
 
         // 9. D skip on x (before the Δ scaling), 10. gated RMSNorm (gate, then normalise).
-        let y = out.o + xs * self.d_skip.val().reshape([1, 1, h, 1]);
-        let gated = y.reshape([b, t, di]) * silu(z);
+        let y = out.o + xs * to_dtype(self.d_skip.val(), dtype).reshape([1, 1, h, 1]);
+        let gated = to_dtype(y.reshape([b, t, di]) * silu(z), acc);
         let rms = (gated.clone().square().mean_dim(2) + c.norm_eps).sqrt();
-        let normed = gated / rms * self.norm_weight.val().unsqueeze();
+        let normed = to_dtype(
+            gated / rms * param(self.norm_weight.val()).unsqueeze(),
+            dtype,
+        );
 
         // 11. out_proj.
         MixerOutput {

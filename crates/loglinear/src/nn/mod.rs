@@ -7,6 +7,7 @@ pub mod model;
 pub mod synthetic;
 pub mod transformer;
 
+pub use init::Precision;
 pub use lambda::{LambdaConfig, LambdaMlp, LambdaMode, LevelWeights};
 pub use mixer::{LogLinearMamba2, MixerConfig, MixerOutput, MixerState};
 pub use model::{LmConfig, LmOutput, LogLinearLm, ModelState};

@@ -6,7 +6,7 @@ use burn::prelude::*;
 use burn::tensor::activation::silu;
 use serde::{Deserialize, Serialize};
 
-use super::init::{Dense, Init, RmsNorm};
+use super::init::{Dense, Init, Precision, RmsNorm, to_dtype, wide};
 use super::mixer::{LogLinearMamba2, MixerConfig, MixerState};
 use crate::ops::Form;
 
@@ -32,6 +32,9 @@ pub struct LmConfig {
     /// Standard deviation of the normal init of embeddings and projections.
     #[serde(default = "d_init_std")]
     pub initializer_range: f64,
+    /// Compute dtype (mixed precision); parameters stay f32.
+    #[serde(default)]
+    pub precision: Precision,
 }
 
 fn d_eps() -> f64 {
@@ -52,6 +55,7 @@ impl LmConfig {
             tie_embeddings: false,
             norm_eps: d_eps(),
             initializer_range: d_init_std(),
+            precision: Precision::Full,
         }
     }
 
@@ -282,14 +286,23 @@ impl LogLinearLm {
     }
 
     fn embed(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
-        burn::tensor::module::embedding(self.embedding.val(), tokens)
+        let table = self.embedding.val();
+        let dtype = self.config.precision.compute_dtype(table.dtype());
+        to_dtype(burn::tensor::module::embedding(table, tokens), dtype)
     }
 
+    /// Logits in the accumulation dtype (f32 under mixed precision), for the loss.
     fn logits(&self, h: Tensor<3>) -> Tensor<3> {
         let h = self.norm.forward(h);
-        match &self.head {
+        let dtype = h.dtype();
+        let logits = match &self.head {
             Some(head) => head.forward(h),
-            None => h.matmul(self.embedding.val().transpose().unsqueeze()),
-        }
+            None => h.matmul(
+                to_dtype(self.embedding.val(), dtype)
+                    .transpose()
+                    .unsqueeze(),
+            ),
+        };
+        to_dtype(logits, wide(dtype))
     }
 }

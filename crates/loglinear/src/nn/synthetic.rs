@@ -7,7 +7,7 @@ use burn::prelude::*;
 use burn::tensor::activation::softplus;
 use serde::{Deserialize, Serialize};
 
-use super::init::{Dense, Init, LayerNorm};
+use super::init::{Dense, Init, LayerNorm, Precision, to_dtype, wide};
 use super::lambda::{LambdaConfig, LevelWeights};
 use crate::fenwick;
 use crate::ops::{Form, LogLinearInput, log_linear_attn};
@@ -38,6 +38,9 @@ pub struct SyntheticConfig {
     /// Std of the normal init (0.02).
     #[serde(default = "d_std")]
     pub initializer_range: f64,
+    /// Compute dtype (mixed precision); parameters stay f32.
+    #[serde(default)]
+    pub precision: Precision,
 }
 
 fn d_model() -> usize {
@@ -65,6 +68,7 @@ impl SyntheticConfig {
             head_dim: d_model(),
             lambda,
             initializer_range: d_std(),
+            precision: Precision::Full,
         }
     }
 
@@ -195,14 +199,19 @@ impl SyntheticLm {
         let c = &self.config;
         fenwick::check_levels("SyntheticLm", c.lambda.levels, t);
         let (h, n, p) = (c.heads, c.d_state, c.head_dim);
-        let mut x = burn::tensor::module::embedding(self.embedding.val(), tokens);
+        let table = self.embedding.val();
+        let dtype = c.precision.compute_dtype(table.dtype());
+        let acc = wide(dtype);
+        let mut x = to_dtype(burn::tensor::module::embedding(table, tokens), dtype);
         let mut trace = Vec::new();
         for layer in &self.layers {
+            // Δ and the log-decay in the accumulation dtype (f32 under mixed precision).
             let delta = softplus(
-                layer.wdt.forward(x.clone()) + layer.dt_bias.val().unsqueeze(),
+                to_dtype(layer.wdt.forward(x.clone()), acc)
+                    + to_dtype(layer.dt_bias.val(), acc).unsqueeze(),
                 1.0,
             );
-            let g = delta * layer.a_log.val().exp().neg().unsqueeze();
+            let g = delta * to_dtype(layer.a_log.val(), acc).exp().neg().unsqueeze();
             let dl = layer.wdl.as_ref().map(|w| w.forward(x.clone()));
             let lambda = layer.lambda.forward(dl, &g);
             let input = LogLinearInput {
@@ -220,6 +229,7 @@ impl SyntheticLm {
                 trace.push(lambda);
             }
         }
-        (self.head.forward(self.norm.forward(x)), trace)
+        let logits = self.head.forward(self.norm.forward(x));
+        (to_dtype(logits, acc), trace)
     }
 }

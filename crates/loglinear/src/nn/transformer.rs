@@ -15,7 +15,7 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use serde::{Deserialize, Serialize};
 
-use super::init::{Dense, Init, LayerNorm};
+use super::init::{Dense, Init, LayerNorm, Precision, to_dtype, wide};
 
 /// Configuration of the GPT-2 baseline (field names follow `GPT2Config` where they map).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -44,6 +44,9 @@ pub struct TransformerConfig {
     /// Standard deviation of the normal init (`initializer_range`).
     #[serde(default = "d_init_std")]
     pub initializer_range: f64,
+    /// Compute dtype (mixed precision); parameters stay f32.
+    #[serde(default)]
+    pub precision: Precision,
 }
 
 fn d_max_seq_len() -> usize {
@@ -73,6 +76,7 @@ impl TransformerConfig {
             tie_embeddings: d_tie(),
             norm_eps: d_eps(),
             initializer_range: d_init_std(),
+            precision: Precision::Full,
         }
     }
 
@@ -178,7 +182,9 @@ impl Affine {
     /// # Shapes
     /// `x: [..., d_in]` → `[..., d_out]`.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        burn::tensor::module::linear(x, self.linear.weight.val(), Some(self.bias.val()))
+        let dtype = x.dtype();
+        let weight = to_dtype(self.linear.weight.val(), dtype);
+        burn::tensor::module::linear(x, weight, Some(to_dtype(self.bias.val(), dtype)))
     }
 }
 
@@ -448,9 +454,11 @@ impl TransformerLm {
             "TransformerLm: tokens have batch {b}, the decoding state batch {}",
             state.batch
         );
+        let table = self.token_embedding.val();
+        let dtype = self.config.precision.compute_dtype(table.dtype());
         let positions = self.position_embedding.val().narrow(0, start, t); // [T, D]
-        let mut h = burn::tensor::module::embedding(self.token_embedding.val(), tokens)
-            + positions.unsqueeze::<3>(); // [B, T, D]
+        let h = burn::tensor::module::embedding(table, tokens) + positions.unsqueeze::<3>(); // [B, T, D]
+        let mut h = to_dtype(h, dtype);
         for (block, cache) in self.blocks.iter().zip(&mut state.layers) {
             h = block.extend(h, cache);
         }
@@ -458,11 +466,18 @@ impl TransformerLm {
         self.logits(h)
     }
 
+    /// Logits in the accumulation dtype (f32 under mixed precision), for the loss.
     fn logits(&self, h: Tensor<3>) -> Tensor<3> {
         let h = self.norm.forward(h);
-        match &self.head {
+        let dtype = h.dtype();
+        let logits = match &self.head {
             Some(head) => head.forward(h),
-            None => h.matmul(self.token_embedding.val().transpose().unsqueeze()),
-        }
+            None => h.matmul(
+                to_dtype(self.token_embedding.val(), dtype)
+                    .transpose()
+                    .unsqueeze(),
+            ),
+        };
+        to_dtype(logits, wide(dtype))
     }
 }
