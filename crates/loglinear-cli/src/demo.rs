@@ -44,13 +44,12 @@ pub fn run(out: &Path, overrides: &[String], device_name: &str) -> Result<()> {
         ("linear", "lambda_linear"),
     ] {
         if let Some(run) = pick(mode) {
-            let files = viz::visualise_run(&run, &out.join(dir), 8, device)?;
+            viz::visualise_run(&run, &out.join(dir), 8, device)?;
             println!(
                 "{mode}: λ heat-maps, histogram, mean λ per level and curves in {}",
                 out.join(dir).display()
             );
             shown.push(run);
-            drop(files);
         }
     }
     if shown.len() == 2 {
