@@ -231,3 +231,19 @@ pub fn perturbed<M: burn::module::Module>(module: M, seed: u64, scale: f64) -> M
     }
     module.map(&mut Jitter(seed, scale))
 }
+
+/// `[b, t]` token ids drawn uniformly from `0..vocab` with `seed`.
+pub fn random_tokens(
+    b: usize,
+    t: usize,
+    vocab: usize,
+    seed: u64,
+    device: &Device,
+) -> Tensor<2, Int> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let v: Vec<i64> = (0..b * t)
+        .map(|_| rng.random_range(0..vocab as i64))
+        .collect();
+    Tensor::from_data(burn::tensor::TensorData::new(v, vec![b, t]), device)
+}

@@ -219,12 +219,7 @@ fn tiny_lm(mode: LambdaMode, levels: usize) -> LmConfig {
 }
 
 fn random_tokens(b: usize, t: usize, vocab: usize, seed: u64) -> Tensor<2, Int> {
-    use rand::{Rng, SeedableRng};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let v: Vec<i64> = (0..b * t)
-        .map(|_| rng.random_range(0..vocab as i64))
-        .collect();
-    Tensor::from_data(TensorData::new(v, vec![b, t]), &dev())
+    loglinear::testing::random_tokens(b, t, vocab, seed, &dev())
 }
 
 /// Token-by-token decoding (conv window + Fenwick cache) reproduces the parallel forward's

@@ -16,12 +16,7 @@ fn dev() -> Device {
 }
 
 fn random_tokens(b: usize, t: usize, vocab: usize, seed: u64) -> Tensor<2, Int> {
-    use rand::{Rng, SeedableRng};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let v: Vec<i64> = (0..b * t)
-        .map(|_| rng.random_range(0..vocab as i64))
-        .collect();
-    Tensor::from_data(TensorData::new(v, vec![b, t]), &dev())
+    loglinear::testing::random_tokens(b, t, vocab, seed, &dev())
 }
 
 fn token_ids(tokens: &Tensor<2, Int>) -> Vec<i64> {
