@@ -280,30 +280,22 @@ fn sweep_skips_finished_runs_and_summarises_over_seeds() {
     assert!(out.join("accuracy.png").exists() && out.join("accuracy.svg").exists());
 
     // Restart: nothing runs again; then only a run whose summary is gone.
-    let err = String::from_utf8_lossy(
-        &bin()
+    let rerun = || {
+        let output = bin()
             .arg("sweep")
             .arg(&config)
             .arg("--out")
             .arg(&out)
             .output()
-            .unwrap()
-            .stderr,
-    )
-    .into_owned();
+            .unwrap();
+        let err = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(output.status.success(), "restarted sweep failed: {err}");
+        err
+    };
+    let err = rerun();
     assert_eq!(err.matches("finished, skipped").count(), 8, "{err}");
     fs::remove_file(out.join("lambda=linear,num_kv_pairs=2,seed=1/summary.json")).unwrap();
-    let err = String::from_utf8_lossy(
-        &bin()
-            .arg("sweep")
-            .arg(&config)
-            .arg("--out")
-            .arg(&out)
-            .output()
-            .unwrap()
-            .stderr,
-    )
-    .into_owned();
+    let err = rerun();
     assert_eq!(err.matches("finished, skipped").count(), 7, "{err}");
     assert!(
         err.contains("[4/8] lambda=linear,num_kv_pairs=2,seed=1\n"),
