@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine: scripts/gpu-run.sh STEP... where STEP is one of
-#   smoke | op | train | decode | mqar-timing | sweep:CONFIG:JOBS[:SET,SET...]
+#   smoke | kernels | op | op-chunks | train | train-long | decode | mqar-timing
+#   | sweep:CONFIG:JOBS[:SET,SET...] | lm-eval:NAME
 # bin-gpu/loglinear.xz is built by scripts/build-gpu.sh and carried over; results go to $OUT.
 set -uo pipefail
 export CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
 export LD_LIBRARY_PATH=$CUDA_PATH/lib64:${LD_LIBRARY_PATH:-}
 out=${OUT:-/tmp/out}
+# Compiled kernels persist across the processes of this call (see src/kernel_cache.rs).
+export LOGLINEAR_KERNEL_CACHE=${LOGLINEAR_KERNEL_CACHE:-/tmp/loglinear-kernel-cache}
 mkdir -p "$out"
 bin=/tmp/loglinear
 [[ -x $bin ]] || { xz -dc bin-gpu/loglinear.xz > $bin && chmod +x $bin; }
@@ -16,6 +19,20 @@ smoke)
     step smoke
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     /usr/bin/time -f "%e s" timeout 300 $bin train experiments/mqar_tiny.toml --device cuda --out /tmp/tiny 2>&1 | tail -3
+    ;;
+kernels)
+    step "fused kernel checks"
+    timeout 400 $bin bench kernels --device cuda 2>&1 | tee "$out/bench_kernels.txt"
+    ;;
+op-chunks)
+    for c in 16 64; do
+        step "bench op bf16, fused, chunk $c"
+        LOGLINEAR_FUSED_CHUNK=$c timeout 150 $bin bench op --device cuda --dtype bf16 --runs 10 --forms fused 2>&1 | tee "$out/bench_op_bf16_c$c.txt"
+    done
+    ;;
+train-long)
+    step "bench train T=8192 batch 4"
+    timeout 250 $bin bench train --device cuda --runs 3 --seq-len 8192 --batch 4 2>&1 | tee "$out/bench_train_8k.txt"
     ;;
 op)
     step "bench op f32"

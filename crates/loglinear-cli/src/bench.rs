@@ -62,6 +62,119 @@ pub struct OpBench {
     pub runs: usize,
     /// Also time λ ≡ 1 (the Mamba-2 case of the same op).
     pub lambda_one: bool,
+    /// Forms to time (`Chunked` with `chunk`, `Fused`).
+    pub forms: Vec<Form>,
+}
+
+/// Parses `chunked` / `fused` / `parallel` into a [`Form`] (chunked with `chunk`).
+pub fn parse_form(name: &str, chunk: usize) -> Result<Form> {
+    Ok(match name {
+        "chunked" => Form::Chunked { chunk },
+        "fused" => Form::Fused,
+        "parallel" => Form::Parallel,
+        other => bail!("unknown form {other:?}: expected chunked, fused or parallel"),
+    })
+}
+
+/// Worst max-relative error over `o` and the five gradients of `form` on `device` against the
+/// f64 parallel form on the CPU (B = 2, T = 512, H = 3).
+pub fn check_form(device: &Device, form: Form, dtype: DType, n: usize, p: usize) -> Result<f64> {
+    match form {
+        Form::Chunked { chunk } => check_op(device, dtype, n, p, chunk),
+        Form::Fused => check_fused_op(device, dtype, n, p),
+        other => bail!("no correctness check for the {other} form"),
+    }
+}
+
+#[cfg(feature = "kernels")]
+fn check_fused_op(device: &Device, dtype: DType, n: usize, p: usize) -> Result<f64> {
+    let dims = Dims {
+        b: 2,
+        t: 512,
+        h: 3,
+        n,
+        p,
+        l: num_levels(512),
+    };
+    let results = loglinear::testing::check_fused(device, dims, dtype, fresh_seed())
+        .map_err(|why| anyhow::anyhow!("the fused kernels do not run on {device:?}: {why}"))?;
+    let mut worst = 0f64;
+    for (name, c) in results {
+        if c.non_finite {
+            bail!("fused form on {device:?}: {name} is non-finite");
+        }
+        worst = worst.max(c.max_rel);
+    }
+    Ok(worst)
+}
+
+#[cfg(not(feature = "kernels"))]
+fn check_fused_op(_device: &Device, _dtype: DType, _n: usize, _p: usize) -> Result<f64> {
+    bail!("the fused form needs a build with kernels (`--features cuda` or `--features wgpu`)")
+}
+
+/// A seed that differs between runs, so checks draw fresh inputs each time (printed with the
+/// results so a failure can be replayed).
+pub fn fresh_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1)
+}
+
+/// `loglinear bench kernels`: the fused kernels against the f64 parallel form on the CPU at
+/// awkward shapes (T = 1, 70, 200, 4096; N, P ∈ {16, 64, 128}), f32 and bf16, output and all
+/// gradients, NaN-tailed input buffers, fresh inputs. Fails if any case is off or the kernels
+/// would not run.
+#[cfg(feature = "kernels")]
+pub fn bench_kernels(device: &Device) -> Result<String> {
+    let seed = fresh_seed();
+    let mut out = format!(
+        "fused kernels on {device:?} vs f64 parallel on the CPU, seed {seed}\n\n\
+         | dtype | T | B | H | N | P | worst max-rel (o, dq, dk, dv, dg, dλ) | tolerance | |\n\
+         |---|---|---|---|---|---|---|---|---|\n"
+    );
+    let mut failed = 0;
+    let widths = [(16, 16), (64, 64), (128, 64), (64, 128), (128, 128)];
+    let mut case = 0u64;
+    for dtype in [DType::F32, DType::BF16] {
+        let tol = if dtype == DType::F32 { 1e-4 } else { 2e-2 };
+        for t in [1usize, 70, 200, 4096] {
+            for &(n, p) in &widths {
+                if t == 4096 && (n, p) != (128, 64) && (n, p) != (16, 16) {
+                    continue;
+                }
+                let (b, h) = if t == 4096 { (1, 2) } else { (2, 2) };
+                let dims = Dims {
+                    b,
+                    t,
+                    h,
+                    n,
+                    p,
+                    l: num_levels(t),
+                };
+                case += 1;
+                let results = loglinear::testing::check_fused(device, dims, dtype, seed + case)
+                    .map_err(|why| anyhow::anyhow!("{dims:?}: the kernels do not run: {why}"))?;
+                let worst: Vec<f64> = results.iter().map(|(_, c)| c.max_rel).collect();
+                let bad = results.iter().any(|(_, c)| c.non_finite || c.max_rel > tol);
+                failed += usize::from(bad);
+                out.push_str(&format!(
+                    "| {dtype:?} | {t} | {b} | {h} | {n} | {p} | {} | {tol:.0e} | {} |\n",
+                    worst
+                        .iter()
+                        .map(|e| format!("{e:.1e}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    if bad { "FAIL" } else { "ok" }
+                ));
+            }
+        }
+    }
+    if failed > 0 {
+        bail!("{out}\n{failed} case(s) failed");
+    }
+    Ok(out)
 }
 
 /// Checks the chunked form on `device` against the f64 parallel form on the CPU (T = 512,
@@ -106,25 +219,30 @@ pub fn chunked_flops(b: usize, t: usize, h: usize, n: usize, p: usize, chunk: us
 
 /// Runs `bench op`: correctness first, then forward and forward+backward medians per T.
 pub fn bench_op(cfg: &OpBench, device: &Device) -> Result<String> {
-    let err = check_op(device, cfg.dtype, cfg.n.min(64), cfg.p.min(64), cfg.chunk)?;
     let tol = if matches!(cfg.dtype, DType::F32 | DType::F64) {
         1e-3
     } else {
         3e-2
     };
-    let mut out = format!(
-        "correctness: chunked on {device:?} in {:?} vs f64 parallel on the CPU (B=2, T=512, H=3): \
-         worst max-relative error over o and all gradients {err:.2e} (tolerance {tol:.0e})\n",
-        cfg.dtype
-    );
-    if err > tol {
-        bail!("{out}correctness check failed; no timings taken");
+    let mut out = String::new();
+    for &form in &cfg.forms {
+        let err = check_form(device, form, cfg.dtype, cfg.n.min(128), cfg.p.min(128))?;
+        out.push_str(&format!(
+            "correctness: {form} on {device:?} in {:?} vs f64 parallel on the CPU (B=2, T=512, \
+             H=3): worst max-relative error over o and all gradients {err:.2e} (tolerance \
+             {tol:.0e})\n",
+            cfg.dtype
+        ));
+        if err > tol {
+            bail!("{out}correctness check failed; no timings taken");
+        }
     }
     out.push_str(&format!(
-        "\nshape: H={}, N={}, P={}, chunk {}, {:?}, B×T = {}; median of {} runs after warm-up\n\n",
+        "\nshape: H={}, N={}, P={}, chunk {}, {:?}, B×T = {}; median of {} runs after warm-up; \
+         TFLOP/s counts the chunkwise algorithm's products, GB/s the bytes of q, k, v, g, λ and o\n\n",
         cfg.heads, cfg.n, cfg.p, cfg.chunk, cfg.dtype, cfg.tokens, cfg.runs
     ));
-    out.push_str("| T | B | λ | fwd ms | fwd+bwd ms | fwd tokens/s | fwd TFLOP/s |\n|---|---|---|---|---|---|---|\n");
+    out.push_str("| form | T | B | λ | fwd ms | fwd+bwd ms | fwd tokens/s | fwd TFLOP/s | fwd GB/s |\n|---|---|---|---|---|---|---|---|---|\n");
     for &t in &cfg.lengths {
         let b = (cfg.tokens / t).max(1);
         let dims = Dims {
@@ -140,12 +258,15 @@ pub fn bench_op(cfg: &OpBench, device: &Device) -> Result<String> {
         } else {
             &[false]
         };
-        for &ones in modes {
+        for (&form, &ones) in cfg
+            .forms
+            .iter()
+            .flat_map(|f| modes.iter().map(move |o| (f, o)))
+        {
             let mut x = LogLinearInput::random(dims, t as u64, cfg.dtype, device);
             if ones {
                 x.lambda = x.lambda.ones_like();
             }
-            let form = Form::Chunked { chunk: cfg.chunk };
             let fwd = time_ms(2, cfg.runs, device, || {
                 let _ = log_linear_attn(&x, form, None, false).o;
             });
@@ -160,12 +281,25 @@ pub fn bench_op(cfg: &OpBench, device: &Device) -> Result<String> {
                 let o = log_linear_attn(&xa, form, None, false).o;
                 let _ = o.sum().backward();
             });
-            let flops = chunked_flops(b, t, cfg.heads, cfg.n, cfg.p, cfg.chunk);
+            let chunk = match form {
+                Form::Chunked { chunk } => chunk,
+                _ => 32,
+            };
+            let flops = chunked_flops(b, t, cfg.heads, cfg.n, cfg.p, chunk);
+            let elem = match cfg.dtype {
+                DType::F64 => 8.0,
+                DType::F32 => 4.0,
+                _ => 2.0,
+            };
+            let bytes = elem
+                * (b * t * cfg.heads) as f64
+                * (2 * cfg.n + 2 * cfg.p + 1 + num_levels(t)) as f64;
             out.push_str(&format!(
-                "| {t} | {b} | {} | {fwd:.2} | {bwd:.2} | {:.0} | {:.1} |\n",
+                "| {form} | {t} | {b} | {} | {fwd:.2} | {bwd:.2} | {:.0} | {:.1} | {:.0} |\n",
                 if ones { "≡1" } else { "learned" },
                 (b * t) as f64 / (fwd / 1e3),
-                flops / (fwd / 1e3) / 1e12
+                flops / (fwd / 1e3) / 1e12,
+                bytes / (fwd / 1e3) / 1e9
             ));
         }
     }

@@ -55,10 +55,12 @@ pub enum Arch {
 pub enum FormName {
     /// Quadratic.
     Parallel,
-    /// Chunkwise (default).
+    /// Chunkwise tensor form with `chunk`.
     Chunked,
     /// Token by token.
     Recurrent,
+    /// The fused kernels on CUDA/WGPU (default); elsewhere the chunked form with chunk 64.
+    Fused,
 }
 
 /// Model configuration (both architectures; fields that one of them ignores say so).
@@ -114,7 +116,7 @@ pub struct ModelConfig {
     /// Core-op form for training and evaluation.
     #[serde(default = "d_form")]
     pub form: FormName,
-    /// Chunk size of the chunked form (a power of two).
+    /// Chunk size of the chunked form (a power of two); `fused` chooses its own.
     #[serde(default = "d_64")]
     pub chunk: usize,
     /// Compute dtype: `full` (the parameters' f32) or `bf16` (mixed precision: bf16 activations
@@ -128,7 +130,7 @@ fn d_arch() -> Arch {
     Arch::PaperSynthetic
 }
 fn d_form() -> FormName {
-    FormName::Chunked
+    FormName::Fused
 }
 fn d_64() -> usize {
     64
@@ -153,6 +155,7 @@ impl ModelConfig {
             FormName::Parallel => Form::Parallel,
             FormName::Chunked => Form::Chunked { chunk: self.chunk },
             FormName::Recurrent => Form::Recurrent,
+            FormName::Fused => Form::Fused,
         }
     }
 }

@@ -8,6 +8,7 @@ pub mod data;
 pub mod demo;
 pub mod device;
 pub mod generate;
+pub mod kernel_cache;
 pub mod model;
 pub mod report;
 pub mod sweep;

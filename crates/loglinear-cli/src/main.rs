@@ -75,14 +75,15 @@ struct GenerateArgs {
     /// Sampling seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Device: cpu or cuda[:N].
+    /// Device: cpu, cuda[:N] or wgpu.
     #[arg(long, default_value = "cpu")]
     device: String,
 }
 
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
-    /// The core op (chunked form): correctness vs the f64 parallel form, then fwd and fwd+bwd.
+    /// The core op (fused kernels and chunked form): correctness vs the f64 parallel form, then
+    /// fwd and fwd+bwd.
     Op {
         /// Sequence lengths (comma-separated); the batch is tokens / T.
         #[arg(long, value_delimiter = ',', default_value = "2048,8192,32768")]
@@ -111,8 +112,18 @@ enum BenchCommand {
         /// Also time λ ≡ 1.
         #[arg(long)]
         lambda_one: bool,
-        /// Device: cpu or cuda[:N].
+        /// Forms to time: fused (the CubeCL kernels), chunked (the tensor form).
+        #[arg(long, value_delimiter = ',', default_value = "fused,chunked")]
+        forms: Vec<String>,
+        /// Device: cpu, cuda[:N] or wgpu.
         #[arg(long, default_value = "cpu")]
+        device: String,
+    },
+    /// The fused kernels' correctness matrix (awkward T, N, P; f32 and bf16; all gradients)
+    /// against the f64 parallel form: the GPU tests of the kernels.
+    Kernels {
+        /// Device: cuda[:N] or wgpu.
+        #[arg(long, default_value = "cuda")]
         device: String,
     },
     /// Per-token decoding latency and cache bytes vs a Transformer's KV cache.
@@ -129,7 +140,7 @@ enum BenchCommand {
         /// Timed steps (median).
         #[arg(long, default_value_t = 20)]
         steps: usize,
-        /// Device: cpu or cuda[:N].
+        /// Device: cpu, cuda[:N] or wgpu.
         #[arg(long, default_value = "cpu")]
         device: String,
     },
@@ -157,7 +168,7 @@ enum BenchCommand {
         /// Timed steps (median).
         #[arg(long, default_value_t = 10)]
         runs: usize,
-        /// Device: cpu or cuda[:N].
+        /// Device: cpu, cuda[:N] or wgpu.
         #[arg(long, default_value = "cpu")]
         device: String,
     },
@@ -192,7 +203,7 @@ struct VizArgs {
     /// Held-out sequences in the fixed batch.
     #[arg(long, default_value_t = 8)]
     samples: usize,
-    /// Device: cpu or cuda[:N].
+    /// Device: cpu, cuda[:N] or wgpu.
     #[arg(long, default_value = "cpu")]
     device: String,
 }
@@ -205,7 +216,7 @@ struct DemoArgs {
     /// Override keys of the embedded demo config.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// Device: cpu or cuda[:N].
+    /// Device: cpu, cuda[:N] or wgpu.
     #[arg(long, default_value = "cpu")]
     device: String,
 }
@@ -218,7 +229,7 @@ struct ConfigArgs {
     /// Override any key: --set train.lr=3e-4 --set model.lambda=mlp_softplus.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// Device: cpu or cuda[:N].
+    /// Device: cpu, cuda[:N] or wgpu.
     #[arg(long, default_value = "cpu")]
     device: String,
 }
@@ -245,7 +256,7 @@ struct EvalArgs {
     /// Override keys of the run's config for this evaluation: --set task.seq_len=512.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// Device: cpu or cuda[:N].
+    /// Device: cpu, cuda[:N] or wgpu.
     #[arg(long, default_value = "cpu")]
     device: String,
 }
@@ -403,9 +414,15 @@ fn run_bench(cmd: BenchCommand) -> Result<()> {
             dtype,
             runs,
             lambda_one,
+            forms,
             device,
         } => {
+            let forms = forms
+                .iter()
+                .map(|f| bench::parse_form(f, chunk))
+                .collect::<Result<Vec<_>>>()?;
             let cfg = bench::OpBench {
+                forms,
                 lengths: t,
                 tokens,
                 heads,
@@ -418,6 +435,7 @@ fn run_bench(cmd: BenchCommand) -> Result<()> {
             };
             bench::bench_op(&cfg, &parse_device(&device)?)?
         }
+        BenchCommand::Kernels { device } => bench_kernels(&parse_device(&device)?)?,
         BenchCommand::Decode {
             contexts,
             d_model,
@@ -447,6 +465,16 @@ fn run_bench(cmd: BenchCommand) -> Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "kernels")]
+fn bench_kernels(device: &burn::prelude::Device) -> Result<String> {
+    bench::bench_kernels(device)
+}
+
+#[cfg(not(feature = "kernels"))]
+fn bench_kernels(_device: &burn::prelude::Device) -> Result<String> {
+    anyhow::bail!("`bench kernels` needs a build with `--features cuda` or `--features wgpu`")
+}
+
 fn run_generate(args: GenerateArgs) -> Result<()> {
     let opts = generate::GenerateOptions {
         prompt: args.prompt,
@@ -463,6 +491,7 @@ fn run_generate(args: GenerateArgs) -> Result<()> {
 
 fn main() {
     let cli = Cli::parse();
+    loglinear_cli::kernel_cache::enable();
     let result: Result<()> = match cli.command {
         Command::Op(args) => op::run(args),
         Command::Train(args) => run_train(args),

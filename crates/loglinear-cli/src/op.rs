@@ -75,6 +75,8 @@ enum FormArg {
     Chunked,
     /// The token-by-token Fenwick recurrence.
     Recurrent,
+    /// The fused kernels (on the CPU: the chunked form with chunk 64).
+    Fused,
 }
 
 /// Runs `loglinear op`.
@@ -85,6 +87,7 @@ pub fn run(args: OpArgs) -> Result<()> {
     let form = match args.form {
         FormArg::Parallel => Form::Parallel,
         FormArg::Recurrent => Form::Recurrent,
+        FormArg::Fused => Form::Fused,
         FormArg::Chunked => Form::Chunked { chunk: args.chunk },
     };
     // Checked for every form: a bad value is a mistake even where it would be ignored.

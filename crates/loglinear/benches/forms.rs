@@ -38,7 +38,8 @@ fn max_len(form: Form, backward: bool) -> usize {
         // differentiating: dominated by per-op overhead, and it only gets slower linearly.
         Form::Recurrent if backward => 256,
         Form::Recurrent => 1024,
-        Form::Chunked { .. } => usize::MAX,
+        // On the CPU the fused form is the chunked form (the kernels need a CubeCL device).
+        Form::Chunked { .. } | Form::Fused => usize::MAX,
     }
 }
 
@@ -96,6 +97,7 @@ fn forms(c: &mut Criterion) {
                     Form::Parallel => "parallel",
                     Form::Chunked { .. } => "chunked64",
                     Form::Recurrent => "recurrent",
+                    Form::Fused => "fused",
                 };
                 group.bench_with_input(BenchmarkId::new(name, t), &x, |bench, x| {
                     if backward {

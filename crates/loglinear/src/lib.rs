@@ -47,6 +47,8 @@
 //! ```
 
 pub mod fenwick;
+#[cfg(feature = "kernels")]
+pub mod kernels;
 pub mod nn;
 pub mod ops;
 pub mod testing;

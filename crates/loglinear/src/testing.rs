@@ -174,7 +174,8 @@ pub fn run_with_grads(
     initial: Option<&FenwickState>,
 ) -> FormResult {
     let x = x.require_grad();
-    let out = log_linear_attn(&x, form, initial, true);
+    // The fused kernels return no state (asking for one selects the chunked fallback).
+    let out = log_linear_attn(&x, form, initial, form != Form::Fused);
     let loss = (out.o.clone() * d_o.clone()).sum();
     let grads = loss.backward();
     // An input that does not reach the output (g when T = 1 and L = 1) has no gradient entry:
@@ -246,4 +247,76 @@ pub fn random_tokens(
         .map(|_| rng.random_range(0..vocab as i64))
         .collect();
     Tensor::from_data(burn::tensor::TensorData::new(v, vec![b, t]), device)
+}
+
+/// A host tensor uploaded as a view at the start of a larger buffer whose tail is NaN, so that a
+/// kernel reading past the end of its input produces NaN (out-of-bounds reads show up as
+/// non-finite results instead of passing silently).
+pub fn nan_tailed<const D: usize>(
+    values: &[f64],
+    shape: [usize; D],
+    dtype: DType,
+    device: &Device,
+) -> Tensor<D> {
+    const TAIL: usize = 4096;
+    let len = values.len();
+    let mut padded = values.to_vec();
+    padded.resize(len + TAIL, f64::NAN);
+    let buffer: Tensor<1> = Tensor::from_data(
+        burn::tensor::TensorData::new(padded, vec![len + TAIL]),
+        (device, dtype),
+    );
+    buffer.narrow(0, 0, len).reshape(shape)
+}
+
+/// One check of [`Form::Fused`] on `device`: output and all five gradients against the float64
+/// parallel form on the CPU, computed from the same (dtype-rounded) inputs, with NaN-tailed
+/// device buffers and fresh random inputs from `seed`. Errors if the kernels would not run
+/// (a silent fallback must not pass as a kernel check).
+#[cfg(feature = "kernels")]
+pub fn check_fused(
+    device: &Device,
+    dims: crate::ops::Dims,
+    dtype: DType,
+    seed: u64,
+) -> Result<Vec<(&'static str, Closeness)>, String> {
+    let cpu = Device::flex().autodiff();
+    let x = LogLinearInput::random(dims, seed, dtype, &Device::flex());
+    let d_o = LogLinearInput::random(
+        crate::ops::Dims {
+            n: dims.p,
+            ..dims
+        },
+        seed ^ 0x5eed,
+        dtype,
+        &Device::flex(),
+    )
+    .q;
+    // The reference sees exactly the values the device sees: the inputs rounded to `dtype`.
+    let host = HostInput::from_input(&x);
+    let d_o_host = to_f64(&d_o);
+    let x64 = host.to_input(DType::F64, &cpu);
+    let crate::ops::Dims { b, t, h, n, p, l } = dims;
+    let d_o64 = Tensor::<4>::from_data(
+        burn::tensor::TensorData::new(d_o_host.clone(), vec![b, t, h, p]),
+        (&cpu, DType::F64),
+    );
+    let reference = run_with_grads(&x64, &d_o64, Form::Parallel, None);
+
+    let ad = device.clone().autodiff();
+    let xd = LogLinearInput {
+        q: nan_tailed(&host.q, [b, t, h, n], dtype, &ad),
+        k: nan_tailed(&host.k, [b, t, h, n], dtype, &ad),
+        v: nan_tailed(&host.v, [b, t, h, p], dtype, &ad),
+        g: nan_tailed(&host.g, [b, t, h], dtype, &ad),
+        lambda: nan_tailed(&host.lambda, [b, t, h, l], dtype, &ad),
+    };
+    let d_od = nan_tailed(&d_o_host, [b, t, h, p], dtype, &ad);
+    crate::kernels::fused(&xd)?;
+    let got = run_with_grads(&xd, &d_od, Form::Fused, None);
+    let mut out = vec![("o", closeness(&reference.o, &got.o))];
+    for ((name, r), (_, g)) in reference.grads.iter().zip(&got.grads) {
+        out.push((*name, closeness(r, g)));
+    }
+    Ok(out)
 }

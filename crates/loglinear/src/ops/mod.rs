@@ -182,6 +182,12 @@ pub enum Form {
     },
     /// Token-by-token Fenwick recurrence: O(log T) state, O(T) sequential steps.
     Recurrent,
+    /// The fused CubeCL kernels (forward and backward) on CUDA and WGPU devices: the chunkwise
+    /// algorithm in one pass over the sequence per (batch, head, value tile), with every chunk
+    /// level's state kept by the kernel. Elsewhere, and for what the kernels do not cover (an
+    /// initial or returned state, f64, shared memory too small for the widths), it is
+    /// `Chunked { chunk: 64 }`; on a CubeCL device such a fallback prints a one-time warning.
+    Fused,
 }
 
 impl Default for Form {
@@ -196,6 +202,7 @@ impl std::fmt::Display for Form {
             Form::Parallel => write!(f, "parallel"),
             Form::Chunked { chunk } => write!(f, "chunked(C={chunk})"),
             Form::Recurrent => write!(f, "recurrent"),
+            Form::Fused => write!(f, "fused"),
         }
     }
 }
@@ -225,6 +232,9 @@ pub fn log_linear_attn(
     initial: Option<&FenwickState>,
     return_state: bool,
 ) -> AttnOutput {
+    if form == Form::Fused {
+        return fused_or_chunked(x, initial, return_state);
+    }
     // Half-precision inputs: the decays are differences of cumulative sums, which bf16/f16 cannot
     // hold to useful accuracy, and the level states accumulate many terms; the tensor forms
     // therefore compute in f32 and return `o` in the input dtype (the state stays f32).
@@ -258,7 +268,41 @@ pub fn log_linear_attn(
                 state: Some(state),
             }
         }
+        Form::Fused => unreachable!("handled above"),
     }
+}
+
+/// [`Form::Fused`]: the kernels where they apply, else the chunked form (with a one-time warning
+/// on devices that have kernels, where the fallback costs speed).
+fn fused_or_chunked(
+    x: &LogLinearInput,
+    initial: Option<&FenwickState>,
+    return_state: bool,
+) -> AttnOutput {
+    const FALLBACK: Form = Form::Chunked { chunk: 64 };
+    #[cfg(feature = "kernels")]
+    {
+        let why = if initial.is_some() || return_state {
+            Err("an initial or returned Fenwick state".to_string())
+        } else {
+            crate::kernels::fused(x)
+        };
+        match why {
+            Ok(o) => return AttnOutput { o, state: None },
+            Err(reason) => {
+                if crate::kernels::is_cube_device(&x.device()) {
+                    static WARNED: std::sync::Once = std::sync::Once::new();
+                    WARNED.call_once(|| {
+                        eprintln!(
+                            "warning: log_linear_attn(fused): falling back to the chunked tensor \
+                             form for {reason} (warned once per process)"
+                        );
+                    });
+                }
+            }
+        }
+    }
+    log_linear_attn(x, FALLBACK, initial, return_state)
 }
 
 /// `[B, T, H, X] → [B, H, T, X]`: the head-major layout every form computes in.

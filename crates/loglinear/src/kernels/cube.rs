@@ -1,0 +1,603 @@
+//! The two CubeCL kernels of the fused op and their launchers.
+//!
+//! Both kernels walk the sequence chunk by chunk inside one cube per (batch·head, value tile),
+//! so every input is read once and the O(log T) level states never leave the cube's reach
+//! between chunks:
+//!
+//! * [`causal_kernel`] — `out[t] = Σ_{s≤t} λ[t, ℓ(t,s)] e^{Γt−Γs} (a_t·b_s) c_s`, the forward op
+//!   (λ on the output side). With `dl` it instead returns the λ gradient
+//!   `dλ[t, ℓ] = Σ_{s in level ℓ of t} e^{Γt−Γs} (a_t·b_s) (w_t·c_s)` (partial over value tiles).
+//! * [`anticausal_kernel`] — `out[s] = Σ_{t≥s} λ[t, ℓ(t,s)] e^{Γt−Γs} (a_s·b_t) c_t`, the
+//!   transposed op (λ on the input side), which gives `dk` and `dv`.
+//!
+//! Chunk `j` (of `C` tokens) sees earlier chunks through chunk levels `i ≥ 1` (token level
+//! `log2 C + i`): the pairs of chunk level `i` are keys in the first half and queries in the
+//! second half of an aligned period of `2^i` chunks. One accumulator per chunk level holds the
+//! current period's key half (causal) or query half (anticausal) as an `nk × pt` state in global
+//! scratch, with a lazy decay factor per level in shared memory (a multiply per chunk instead of
+//! a pass over the state). Decays are exponentials of in-chunk cumulative sums and of per-chunk
+//! totals only, never of long differences. See `kernels/README.md` for the derivation.
+
+use cubecl::prelude::*;
+
+/// Threads per cube.
+pub const THREADS: usize = 256;
+
+/// Number of bits of `x` (`bitlen(0) = 0`), the level of a pair at distance pattern `x = t ^ s`.
+#[cube]
+fn bitlen(x: usize) -> usize {
+    let mut n = 0usize;
+    let mut y = x;
+    while y > 0 {
+        y >>= 1;
+        n += 1;
+    }
+    n
+}
+
+/// Flat offset of token `t` of (batch `b`, head `h`) in a `[B, T, H, width]` tensor.
+#[cube]
+fn row(b: usize, t: usize, h: usize, seq: usize, heads: usize, width: usize) -> usize {
+    ((b * seq + t) * heads + h) * width
+}
+
+/// The causal kernel (forward op, `dq`, and with `dl` the λ gradient).
+///
+/// Shapes: `a, b: [B, T, H, nk]`, `c, w: [B, T, H, width]`, `g: [B, T, H]`,
+/// `lambda: [B, T, H, levels]`; `out: [B, T, H, width]` (f32), or with `dl`
+/// `[tiles, B, T, H, levels]`; `states`: `tiles·B·H·nlev·nk·pt` f32 scratch.
+/// Grid `(B·H, tiles)`, [`THREADS`] units.
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+pub fn causal_kernel<E: Float>(
+    a: &Tensor<E>,
+    b: &Tensor<E>,
+    c: &Tensor<E>,
+    g: &Tensor<E>,
+    lambda: &Tensor<E>,
+    w: &Tensor<E>,
+    out: &mut Tensor<f32>,
+    states: &mut Tensor<f32>,
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    width: usize,
+    #[comptime] chunk: usize,
+    #[comptime] nk: usize,
+    #[comptime] pt: usize,
+    #[comptime] levels: usize,
+    #[comptime] nlev: usize,
+    #[comptime] dl: bool,
+    #[define(E)] _dtype: ElemType,
+) {
+    let bh = CUBE_POS_X as usize;
+    let tile = CUBE_POS_Y as usize;
+    let bi = bh / heads;
+    let h = bh % heads;
+    let u = UNIT_POS_X as usize;
+    let p0 = tile * pt;
+    let log_c = comptime!(chunk.trailing_zeros() as usize);
+    let qs_stride = comptime!(nk + 1);
+    let rstep = comptime!(THREADS / pt);
+    let rows_out = comptime!(chunk / (THREADS / pt));
+    let rows_state = comptime!(nk.div_ceil(THREADS / pt));
+    let sj = comptime!(THREADS / chunk);
+    let per_row = comptime!(chunk * chunk / THREADS);
+    let level_size = comptime!(nk * pt);
+    let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt);
+
+    let mut qs = Shared::<[f32]>::new_slice(comptime!(chunk * (nk + 1)));
+    let mut kt = Shared::<[f32]>::new_slice(comptime!(nk * chunk));
+    let mut vs = Shared::<[f32]>::new_slice(comptime!(chunk * pt));
+    let mut ws = Shared::<[f32]>::new_slice(comptime!(if dl { chunk * pt } else { 1 }));
+    let mut sc = Shared::<[f32]>::new_slice(comptime!(chunk * chunk));
+    let mut lam = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
+    let mut dls = Shared::<[f32]>::new_slice(comptime!(if dl { chunk * levels } else { 1 }));
+    let mut graw = Shared::<[f32]>::new_slice(chunk);
+    let mut gam = Shared::<[f32]>::new_slice(chunk);
+    let mut kd = Shared::<[f32]>::new_slice(chunk);
+    let mut eg = Shared::<[f32]>::new_slice(chunk);
+    let mut scale = Shared::<[f32]>::new_slice(comptime!(nlev.max(1)));
+
+    if u < nlev {
+        scale[u] = 1.0f32;
+    }
+    if dl {
+        let mut idx = u;
+        while idx < comptime!(chunk * levels) {
+            dls[idx] = 0.0f32;
+            idx += THREADS;
+        }
+    }
+    let pc = u % pt;
+    let rbase = u / pt;
+    let n_chunks = seq.div_ceil(chunk);
+
+    for j in 0..n_chunks {
+        let t0 = j * chunk;
+        // (1) Load the chunk: a row-major (padded rows), b transposed, the value tile, λ, g.
+        let mut idx = u;
+        while idx < comptime!(chunk * nk) {
+            let i = idx / nk;
+            let n = idx % nk;
+            let t = t0 + i;
+            let mut av = 0.0f32;
+            let mut bv = 0.0f32;
+            if t < seq {
+                let off = row(bi, t, h, seq, heads, nk) + n;
+                av = f32::cast_from(a[off]);
+                bv = f32::cast_from(b[off]);
+            }
+            qs[i * qs_stride + n] = av;
+            kt[n * chunk + i] = bv;
+            idx += THREADS;
+        }
+        idx = u;
+        while idx < comptime!(chunk * pt) {
+            let i = idx / pt;
+            let p = p0 + idx % pt;
+            let t = t0 + i;
+            let mut cv = 0.0f32;
+            let mut wv = 0.0f32;
+            if t < seq && p < width {
+                let off = row(bi, t, h, seq, heads, width) + p;
+                cv = f32::cast_from(c[off]);
+                if dl {
+                    wv = f32::cast_from(w[off]);
+                }
+            }
+            vs[idx] = cv;
+            if dl {
+                ws[idx] = wv;
+            }
+            idx += THREADS;
+        }
+        idx = u;
+        while idx < comptime!(chunk * levels) {
+            let t = t0 + idx / levels;
+            let mut lv = 0.0f32;
+            if t < seq {
+                lv = f32::cast_from(lambda[row(bi, t, h, seq, heads, levels) + idx % levels]);
+            }
+            lam[idx] = lv;
+            idx += THREADS;
+        }
+        if u < chunk {
+            let t = t0 + u;
+            let mut gv = 0.0f32;
+            if t < seq {
+                gv = f32::cast_from(g[(bi * seq + t) * heads + h]);
+            }
+            graw[u] = gv;
+        }
+        sync_cube();
+        // (2) In-chunk cumulative decay γ, e^{γ_last − γ_i} (key decay), e^{γ_i} (query decay).
+        if u == 0 {
+            let mut acc = 0.0f32;
+            for i in 0..chunk {
+                acc += graw[i];
+                gam[i] = acc;
+            }
+            for i in 0..chunk {
+                kd[i] = (acc - gam[i]).exp();
+                eg[i] = gam[i].exp();
+            }
+        }
+        sync_cube();
+        // (3) Intra-chunk scores, causal: (a_i·b_j) e^{γi−γj} λ[i, ℓ(i,j)]; with dl, the
+        // λ-free score times (w_i·c_j) over this value tile.
+        let si = u / sj;
+        #[unroll]
+        for r in 0..per_row {
+            let sjj = u % sj + r * sj;
+            let mut s = 0.0f32;
+            if sjj <= si {
+                for n in 0..nk {
+                    s += qs[si * qs_stride + n] * kt[n * chunk + sjj];
+                }
+                s *= (gam[si] - gam[sjj]).exp();
+                let lvl = bitlen(si ^ sjj);
+                if dl {
+                    let mut d = 0.0f32;
+                    for p in 0..pt {
+                        d += ws[si * pt + p] * vs[sjj * pt + p];
+                    }
+                    s *= d;
+                } else if lvl < levels {
+                    s *= lam[si * levels + lvl];
+                } else {
+                    s = 0.0f32;
+                }
+            }
+            sc[si * chunk + sjj] = s;
+        }
+        sync_cube();
+
+        let mut acc = Array::<f32>::new(rows_out);
+        #[unroll]
+        for r in 0..rows_out {
+            acc[r] = 0.0f32;
+        }
+        if dl {
+            // (4a) Level-segmented row sums of the in-chunk terms.
+            if u < chunk {
+                for jj in 0..chunk {
+                    if jj <= u {
+                        let lvl = bitlen(u ^ jj);
+                        if lvl < levels {
+                            dls[u * levels + lvl] += sc[u * chunk + jj];
+                        }
+                    }
+                }
+            }
+            sync_cube();
+        } else {
+            // (4b) In-chunk output: scores × values.
+            for jj in 0..chunk {
+                let cv = vs[jj * pt + pc];
+                #[unroll]
+                for r in 0..rows_out {
+                    acc[r] += sc[(rbase + r * rstep) * chunk + jj] * cv;
+                }
+            }
+        }
+        // (5) Earlier chunks: chunk level i is read when chunk j is in the second half of its
+        // period of 2^i chunks (bit i−1 of j set); the state holds the first half, decayed to
+        // the end of chunk j−1 (times the lazy factor scale[i−1]).
+        for lvi in 0..nlev {
+            let token_level = log_c + lvi + 1;
+            if (j >> lvi) & 1 == 1 && token_level < levels {
+                let base = state_base + lvi * level_size;
+                let mut tmp = Array::<f32>::new(rows_out);
+                #[unroll]
+                for r in 0..rows_out {
+                    tmp[r] = 0.0f32;
+                }
+                for n in 0..nk {
+                    let z = states[base + n * pt + pc];
+                    #[unroll]
+                    for r in 0..rows_out {
+                        tmp[r] += qs[(rbase + r * rstep) * qs_stride + n] * z;
+                    }
+                }
+                let f = scale[lvi];
+                #[unroll]
+                for r in 0..rows_out {
+                    let i = rbase + r * rstep;
+                    if dl {
+                        // The score-sized buffer is free now: reuse it for the row reduction.
+                        sc[i * pt + pc] = tmp[r] * f * eg[i] * ws[i * pt + pc];
+                    } else {
+                        acc[r] += tmp[r] * f * eg[i] * lam[i * levels + token_level];
+                    }
+                }
+                if dl {
+                    sync_cube();
+                    if u < chunk {
+                        let mut s = 0.0f32;
+                        for p in 0..pt {
+                            s += sc[u * pt + p];
+                        }
+                        dls[u * levels + token_level] += s;
+                    }
+                    sync_cube();
+                }
+            }
+        }
+        // (6) Outputs.
+        if dl {
+            if u < chunk {
+                let t = t0 + u;
+                for l in 0..levels {
+                    if t < seq {
+                        let off = (((tile * batch + bi) * seq + t) * heads + h) * levels + l;
+                        out[off] = dls[u * levels + l];
+                    }
+                    dls[u * levels + l] = 0.0f32;
+                }
+            }
+        } else {
+            #[unroll]
+            for r in 0..rows_out {
+                let t = t0 + rbase + r * rstep;
+                let p = p0 + pc;
+                if t < seq && p < width {
+                    out[row(bi, t, h, seq, heads, width) + p] = acc[r];
+                }
+            }
+        }
+        // (7) This chunk's key state Σ_i e^{γlast−γi} b_i c_iᵀ joins every level whose period
+        // has chunk j in its first half; the first chunk of a period starts it afresh.
+        if nlev > 0 {
+            let mut ks = Array::<f32>::new(rows_state);
+            #[unroll]
+            for r in 0..rows_state {
+                ks[r] = 0.0f32;
+            }
+            for i in 0..chunk {
+                let cv = vs[i * pt + pc] * kd[i];
+                #[unroll]
+                for r in 0..rows_state {
+                    let n = rbase + r * rstep;
+                    if n < nk {
+                        ks[r] += kt[n * chunk + i] * cv;
+                    }
+                }
+            }
+            let chunk_decay = eg[comptime!(chunk - 1)];
+            for lvi in 0..nlev {
+                if (j >> lvi) & 1 == 0 {
+                    let base = state_base + lvi * level_size;
+                    let fresh = j % (2usize << lvi) == 0;
+                    let f = scale[lvi] * chunk_decay;
+                    #[unroll]
+                    for r in 0..rows_state {
+                        let n = rbase + r * rstep;
+                        if n < nk {
+                            let e = base + n * pt + pc;
+                            let mut old = 0.0f32;
+                            if !fresh {
+                                old = states[e] * f;
+                            }
+                            states[e] = old + ks[r];
+                        }
+                    }
+                }
+            }
+        }
+        sync_storage();
+        if u < nlev {
+            if (j >> u) & 1 == 0 {
+                scale[u] = 1.0f32;
+            } else {
+                scale[u] *= eg[comptime!(chunk - 1)];
+            }
+        }
+        sync_cube();
+    }
+}
+
+/// The anticausal kernel (transposed op): `dv` with `(a, b, c) = (k, q, dO)`, `dk` with
+/// `(v, dO, q)`. Chunks run from last to first; λ weighs the later token `t`.
+///
+/// Shapes as [`causal_kernel`]; `out: [B, T, H, width]` (f32).
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+pub fn anticausal_kernel<E: Float>(
+    a: &Tensor<E>,
+    b: &Tensor<E>,
+    c: &Tensor<E>,
+    g: &Tensor<E>,
+    lambda: &Tensor<E>,
+    out: &mut Tensor<f32>,
+    states: &mut Tensor<f32>,
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    width: usize,
+    #[comptime] chunk: usize,
+    #[comptime] nk: usize,
+    #[comptime] pt: usize,
+    #[comptime] levels: usize,
+    #[comptime] nlev: usize,
+    #[define(E)] _dtype: ElemType,
+) {
+    let bh = CUBE_POS_X as usize;
+    let tile = CUBE_POS_Y as usize;
+    let bi = bh / heads;
+    let h = bh % heads;
+    let u = UNIT_POS_X as usize;
+    let p0 = tile * pt;
+    let log_c = comptime!(chunk.trailing_zeros() as usize);
+    let qs_stride = comptime!(nk + 1);
+    let rstep = comptime!(THREADS / pt);
+    let rows_out = comptime!(chunk / (THREADS / pt));
+    let rows_state = comptime!(nk.div_ceil(THREADS / pt));
+    let sj = comptime!(THREADS / chunk);
+    let per_row = comptime!(chunk * chunk / THREADS);
+    let level_size = comptime!(nk * pt);
+    let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt);
+
+    let mut qs = Shared::<[f32]>::new_slice(comptime!(chunk * (nk + 1)));
+    let mut kt = Shared::<[f32]>::new_slice(comptime!(nk * chunk));
+    let mut vs = Shared::<[f32]>::new_slice(comptime!(chunk * pt));
+    let mut sc = Shared::<[f32]>::new_slice(comptime!(chunk * chunk));
+    let mut lam = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
+    let mut graw = Shared::<[f32]>::new_slice(chunk);
+    let mut gam = Shared::<[f32]>::new_slice(chunk);
+    let mut kd = Shared::<[f32]>::new_slice(chunk);
+    let mut eg = Shared::<[f32]>::new_slice(chunk);
+    let mut scale = Shared::<[f32]>::new_slice(comptime!(nlev.max(1)));
+
+    if u < nlev {
+        scale[u] = 1.0f32;
+    }
+    // A period whose later half lies past the end is read before anything was added to it.
+    let mut idx = u;
+    while idx < comptime!(nlev * nk * pt) {
+        states[state_base + idx] = 0.0f32;
+        idx += THREADS;
+    }
+    sync_storage();
+    let pc = u % pt;
+    let rbase = u / pt;
+    let n_chunks = seq.div_ceil(chunk);
+
+    for step in 0..n_chunks {
+        let j = n_chunks - 1 - step;
+        let t0 = j * chunk;
+        let mut idx = u;
+        while idx < comptime!(chunk * nk) {
+            let i = idx / nk;
+            let n = idx % nk;
+            let t = t0 + i;
+            let mut av = 0.0f32;
+            let mut bv = 0.0f32;
+            if t < seq {
+                let off = row(bi, t, h, seq, heads, nk) + n;
+                av = f32::cast_from(a[off]);
+                bv = f32::cast_from(b[off]);
+            }
+            qs[i * qs_stride + n] = av;
+            kt[n * chunk + i] = bv;
+            idx += THREADS;
+        }
+        idx = u;
+        while idx < comptime!(chunk * pt) {
+            let i = idx / pt;
+            let p = p0 + idx % pt;
+            let t = t0 + i;
+            let mut cv = 0.0f32;
+            if t < seq && p < width {
+                cv = f32::cast_from(c[row(bi, t, h, seq, heads, width) + p]);
+            }
+            vs[idx] = cv;
+            idx += THREADS;
+        }
+        idx = u;
+        while idx < comptime!(chunk * levels) {
+            let t = t0 + idx / levels;
+            let mut lv = 0.0f32;
+            if t < seq {
+                lv = f32::cast_from(lambda[row(bi, t, h, seq, heads, levels) + idx % levels]);
+            }
+            lam[idx] = lv;
+            idx += THREADS;
+        }
+        if u < chunk {
+            let t = t0 + u;
+            let mut gv = 0.0f32;
+            if t < seq {
+                gv = f32::cast_from(g[(bi * seq + t) * heads + h]);
+            }
+            graw[u] = gv;
+        }
+        sync_cube();
+        if u == 0 {
+            let mut acc = 0.0f32;
+            for i in 0..chunk {
+                acc += graw[i];
+                gam[i] = acc;
+            }
+            for i in 0..chunk {
+                kd[i] = (acc - gam[i]).exp();
+                eg[i] = gam[i].exp();
+            }
+        }
+        sync_cube();
+        // Intra-chunk scores, anticausal: (a_i·b_j) e^{γj−γi} λ[j, ℓ(i,j)] for j ≥ i.
+        let si = u / sj;
+        #[unroll]
+        for r in 0..per_row {
+            let sjj = u % sj + r * sj;
+            let mut s = 0.0f32;
+            if sjj >= si {
+                let lvl = bitlen(si ^ sjj);
+                if lvl < levels {
+                    for n in 0..nk {
+                        s += qs[si * qs_stride + n] * kt[n * chunk + sjj];
+                    }
+                    s *= (gam[sjj] - gam[si]).exp() * lam[sjj * levels + lvl];
+                }
+            }
+            sc[si * chunk + sjj] = s;
+        }
+        sync_cube();
+
+        let mut acc = Array::<f32>::new(rows_out);
+        #[unroll]
+        for r in 0..rows_out {
+            acc[r] = 0.0f32;
+        }
+        for jj in 0..chunk {
+            let cv = vs[jj * pt + pc];
+            #[unroll]
+            for r in 0..rows_out {
+                acc[r] += sc[(rbase + r * rstep) * chunk + jj] * cv;
+            }
+        }
+        // Later chunks: chunk level i is read when chunk j is in the first half of its period
+        // (bit i−1 clear); the state holds the second half, decayed to the end of chunk j.
+        for lvi in 0..nlev {
+            let token_level = log_c + lvi + 1;
+            if (j >> lvi) & 1 == 0 && token_level < levels {
+                let base = state_base + lvi * level_size;
+                let mut tmp = Array::<f32>::new(rows_out);
+                #[unroll]
+                for r in 0..rows_out {
+                    tmp[r] = 0.0f32;
+                }
+                for n in 0..nk {
+                    let z = states[base + n * pt + pc];
+                    #[unroll]
+                    for r in 0..rows_out {
+                        tmp[r] += qs[(rbase + r * rstep) * qs_stride + n] * z;
+                    }
+                }
+                let f = scale[lvi];
+                #[unroll]
+                for r in 0..rows_out {
+                    let i = rbase + r * rstep;
+                    acc[r] += tmp[r] * f * kd[i];
+                }
+            }
+        }
+        #[unroll]
+        for r in 0..rows_out {
+            let t = t0 + rbase + r * rstep;
+            let p = p0 + pc;
+            if t < seq && p < width {
+                out[row(bi, t, h, seq, heads, width) + p] = acc[r];
+            }
+        }
+        // This chunk joins, weighted by its own λ at each level, every level whose period has
+        // chunk j in its second half; the last chunk of a period starts it afresh. States are
+        // referenced to the end of chunk j − 1 afterwards.
+        let chunk_decay = eg[comptime!(chunk - 1)];
+        for lvi in 0..nlev {
+            let token_level = log_c + lvi + 1;
+            if (j >> lvi) & 1 == 1 && token_level < levels {
+                let mut ks = Array::<f32>::new(rows_state);
+                #[unroll]
+                for r in 0..rows_state {
+                    ks[r] = 0.0f32;
+                }
+                for i in 0..chunk {
+                    let cv = vs[i * pt + pc] * eg[i] * lam[i * levels + token_level];
+                    #[unroll]
+                    for r in 0..rows_state {
+                        let n = rbase + r * rstep;
+                        if n < nk {
+                            ks[r] += kt[n * chunk + i] * cv;
+                        }
+                    }
+                }
+                let base = state_base + lvi * level_size;
+                let period = 2usize << lvi;
+                let fresh = j % period == period - 1;
+                let f = scale[lvi] * chunk_decay;
+                #[unroll]
+                for r in 0..rows_state {
+                    let n = rbase + r * rstep;
+                    if n < nk {
+                        let e = base + n * pt + pc;
+                        let mut old = 0.0f32;
+                        if !fresh {
+                            old = states[e] * f;
+                        }
+                        states[e] = old + ks[r];
+                    }
+                }
+            }
+        }
+        sync_storage();
+        if u < nlev {
+            if (j >> u) & 1 == 1 && log_c + u + 1 < levels {
+                scale[u] = 1.0f32;
+            } else {
+                scale[u] *= eg[comptime!(chunk - 1)];
+            }
+        }
+        sync_cube();
+    }
+}

@@ -1,0 +1,227 @@
+//! Tile planning and launchers of the two kernels.
+
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::tensor::{DType, Shape};
+use burn_cubecl::CubeDevice;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+
+use super::cube::{THREADS, anticausal_kernel, causal_kernel};
+use crate::fenwick::bitlen;
+
+/// Chunk size and value-tile width of one launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// Tokens per chunk (16, 32 or 64).
+    pub chunk: usize,
+    /// Value columns per cube (16, 32 or 64).
+    pub pt: usize,
+}
+
+/// Shared memory (bytes) of one cube of the causal (`dl`: λ-gradient variant) or anticausal
+/// kernel; both have the same layout but for the λ-gradient buffers.
+pub fn shared_bytes(plan: Plan, nk: usize, levels: usize, nlev: usize, dl: bool) -> usize {
+    let Plan { chunk, pt } = plan;
+    let extra = usize::from(dl);
+    let floats = chunk * (nk + 1)
+        + nk * chunk
+        + chunk * pt * (1 + extra)
+        + chunk * chunk
+        + chunk * levels * (1 + extra)
+        + 4 * chunk
+        + nlev.max(1)
+        + 2;
+    4 * floats
+}
+
+/// The preferred chunk size: `LOGLINEAR_FUSED_CHUNK` (16, 32 or 64) when set, else 32, which
+/// leaves room for several cubes per multiprocessor.
+fn preferred_chunk() -> usize {
+    std::env::var("LOGLINEAR_FUSED_CHUNK")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|c| [16, 32, 64].contains(c))
+        .unwrap_or(32)
+}
+
+/// The largest tiles that fit `max_shared` bytes for a launch with key width `nk`, value width
+/// `width`, `levels` λ slots over `seq` tokens; `None` when nothing fits.
+pub fn plan(
+    nk: usize,
+    width: usize,
+    levels: usize,
+    seq: usize,
+    dl: bool,
+    max_shared: usize,
+) -> Option<Plan> {
+    let first = preferred_chunk();
+    let chunks = [first, 32, 16].into_iter().filter(|&c| c <= first);
+    for chunk in chunks {
+        let nlev = bitlen(seq.div_ceil(chunk).saturating_sub(1));
+        // The λ-gradient variant reuses the score buffer for a row reduction: pt ≤ chunk.
+        let widest = if dl { chunk.min(64) } else { 64 };
+        let mut pt = 16;
+        while pt < widest && pt < width {
+            pt *= 2;
+        }
+        while pt >= 16 {
+            // Every thread owns whole rows of the output tile: chunk·pt ≥ THREADS.
+            let plan = Plan { chunk, pt };
+            if chunk * pt >= THREADS && shared_bytes(plan, nk, levels, nlev, dl) <= max_shared {
+                return Some(plan);
+            }
+            pt /= 2;
+        }
+    }
+    None
+}
+
+/// Whether the fused op can run for key width `n`, value width `p`, `l` λ slots over `t`
+/// tokens with `max_shared` bytes per cube; otherwise the reason.
+pub fn supported(n: usize, p: usize, l: usize, t: usize, max_shared: usize) -> Result<(), String> {
+    // Forward and dλ (keys n wide), dq (keys p wide, values n wide), dv and dk.
+    let launches = [
+        ("forward", n, p, false),
+        ("dλ", n, p, true),
+        ("dq / dk", p, n, false),
+        ("dv", n, p, false),
+    ];
+    for (name, nk, width, dl) in launches {
+        if plan(nk, width, l, t, dl, max_shared).is_none() {
+            return Err(format!(
+                "no tile of the {name} kernel fits {max_shared} bytes of shared memory \
+                 (key width {nk}, value width {width}, {l} λ levels)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The shared memory one cube may use on `device`.
+pub fn max_shared_memory(device: &CubeDevice) -> usize {
+    device.client().properties().hardware.max_shared_memory_size
+}
+
+fn dims(a: &CubeTensor, c: &CubeTensor, lambda: &CubeTensor) -> [usize; 6] {
+    let [b, t, h, nk] = a.meta.shape().dims::<4>();
+    [b, t, h, nk, c.meta.shape()[3], lambda.meta.shape()[3]]
+}
+
+/// `out[t] = Σ_{s≤t} λ[t, ℓ(t,s)] e^{Γt−Γs} (a_t·b_s) c_s` as f32 `[B, T, H, width]`; with `w`,
+/// the λ gradient per value tile, f32 `[tiles, B, T, H, L]`.
+pub fn causal(
+    a: CubeTensor,
+    b: CubeTensor,
+    c: CubeTensor,
+    g: CubeTensor,
+    lambda: CubeTensor,
+    w: Option<CubeTensor>,
+) -> CubeTensor {
+    let [bs, t, h, nk, width, levels] = dims(&a, &c, &lambda);
+    let dl = w.is_some();
+    let client = a.client.clone();
+    let device = a.device.clone();
+    let dtype = a.dtype;
+    let max_shared = max_shared_memory(&device);
+    let plan = plan(nk, width, levels, t, dl, max_shared).unwrap_or_else(|| {
+        panic!("log_linear_fused: no tile fits (nk {nk}, width {width}, L {levels}, T {t})")
+    });
+    let tiles = width.div_ceil(plan.pt);
+    let nlev = bitlen(t.div_ceil(plan.chunk) - 1);
+    let out_shape: Vec<usize> = if dl {
+        vec![tiles, bs, t, h, levels]
+    } else {
+        vec![bs, t, h, width]
+    };
+    let out = empty_device_dtype(client.clone(), device.clone(), Shape::from(out_shape), DType::F32);
+    let states = empty_device_dtype(
+        client.clone(),
+        device,
+        Shape::new([tiles * bs * h * nlev.max(1) * nk * plan.pt]),
+        DType::F32,
+    );
+    let c = into_contiguous(c);
+    let w = w.map(into_contiguous).unwrap_or_else(|| c.clone());
+    causal_kernel::launch(
+        &client,
+        CubeCount::Static((bs * h) as u32, tiles as u32, 1),
+        CubeDim::new_1d(THREADS as u32),
+        into_contiguous(a).into_tensor_arg(),
+        into_contiguous(b).into_tensor_arg(),
+        c.into_tensor_arg(),
+        into_contiguous(g).into_tensor_arg(),
+        into_contiguous(lambda).into_tensor_arg(),
+        w.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        states.into_tensor_arg(),
+        bs,
+        t,
+        h,
+        width,
+        plan.chunk,
+        nk,
+        plan.pt,
+        levels,
+        nlev,
+        dl,
+        dtype_to_storage_type(dtype),
+    );
+    out
+}
+
+/// `out[s] = Σ_{t≥s} λ[t, ℓ(t,s)] e^{Γt−Γs} (a_s·b_t) c_t` as f32 `[B, T, H, width]`.
+pub fn anticausal(
+    a: CubeTensor,
+    b: CubeTensor,
+    c: CubeTensor,
+    g: CubeTensor,
+    lambda: CubeTensor,
+) -> CubeTensor {
+    let [bs, t, h, nk, width, levels] = dims(&a, &c, &lambda);
+    let client = a.client.clone();
+    let device = a.device.clone();
+    let dtype = a.dtype;
+    let max_shared = max_shared_memory(&device);
+    let plan = plan(nk, width, levels, t, false, max_shared).unwrap_or_else(|| {
+        panic!("log_linear_fused: no tile fits (nk {nk}, width {width}, L {levels}, T {t})")
+    });
+    let tiles = width.div_ceil(plan.pt);
+    let nlev = bitlen(t.div_ceil(plan.chunk) - 1);
+    let out = empty_device_dtype(
+        client.clone(),
+        device.clone(),
+        Shape::new([bs, t, h, width]),
+        DType::F32,
+    );
+    let states = empty_device_dtype(
+        client.clone(),
+        device,
+        Shape::new([tiles * bs * h * nlev.max(1) * nk * plan.pt]),
+        DType::F32,
+    );
+    anticausal_kernel::launch(
+        &client,
+        CubeCount::Static((bs * h) as u32, tiles as u32, 1),
+        CubeDim::new_1d(THREADS as u32),
+        into_contiguous(a).into_tensor_arg(),
+        into_contiguous(b).into_tensor_arg(),
+        into_contiguous(c).into_tensor_arg(),
+        into_contiguous(g).into_tensor_arg(),
+        into_contiguous(lambda).into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        states.into_tensor_arg(),
+        bs,
+        t,
+        h,
+        width,
+        plan.chunk,
+        nk,
+        plan.pt,
+        levels,
+        nlev,
+        dtype_to_storage_type(dtype),
+    );
+    out
+}

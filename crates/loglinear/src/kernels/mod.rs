@@ -1,0 +1,272 @@
+//! Fused CubeCL kernels for the core op ([`Form::Fused`](crate::ops::Form::Fused)), forward and
+//! backward, as a Burn backend extension with its own autodiff backward.
+//!
+//! * [`cube`]: the causal kernel (forward, `dq`, `dλ`) and the anticausal kernel (`dk`, `dv`);
+//! * [`launch`]: tile planning (shared-memory budget of the device) and launchers;
+//! * this module: the extension trait [`LogLinearKernels`], its CubeCL and autodiff
+//!   implementations, and [`fused`], the entry point of `log_linear_attn` on CubeCL devices.
+//!
+//! The backward keeps only the inputs (derivation in `kernels/README.md`): with
+//! `M[t,s] = λ[t,ℓ(t,s)] e^{Γt−Γs} (q_t·k_s)`, `dq = causal(dO, v, k)`,
+//! `dλ = causal_dl(q, k, v; dO)`, `dv = anticausal(k, q, dO)`, `dk = anticausal(v, dO, q)`,
+//! `dΓ_t = Σ_ℓ λ[t,ℓ] dλ[t,ℓ] − v_t·dv_t` (the first term is `dO_t·o_t`),
+//! `dg = reverse cumsum of dΓ`.
+
+pub mod cube;
+pub mod launch;
+
+use burn::backend::ops::FloatTensorOps;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{AutodiffBackend, Backend, DispatchDevice, backend_extension};
+use burn::prelude::*;
+use burn::tensor::DType;
+use burn_autodiff::Autodiff;
+use burn_autodiff::checkpoint::base::Checkpointer;
+use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn_autodiff::grads::Gradients;
+use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use burn_cubecl::CubeBackend;
+
+use crate::ops::LogLinearInput;
+
+/// The fused op as backend operations. Implemented for CubeCL backends (the kernels) and for
+/// autodiff over them (the backward below); other backends never reach it ([`fused`] checks).
+#[backend_extension(Cube, Autodiff)]
+pub trait LogLinearKernels: Backend {
+    /// `o: [B, T, H, P]` in the input dtype from `q, k: [B, T, H, N]`, `v: [B, T, H, P]`,
+    /// `g: [B, T, H]`, `lambda: [B, T, H, L]`.
+    fn log_linear_fused(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        lambda: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+
+    /// `(dq, dk, dv, dg, dλ)` in the input dtype, from the inputs and the output gradient
+    /// `grad: [B, T, H, P]`.
+    #[allow(clippy::type_complexity)]
+    fn log_linear_fused_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        lambda: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    );
+}
+
+type Cb = CubeBackend;
+
+impl LogLinearKernels for CubeBackend {
+    fn log_linear_fused(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        lambda: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let dtype = q.dtype;
+        let o = launch::causal(q, k, v, g, lambda, None);
+        cast(o, dtype)
+    }
+
+    fn log_linear_fused_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        lambda: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        let dtype = q.dtype;
+        let shape = g.meta.shape().clone();
+        let dq = launch::causal(
+            grad.clone(),
+            v.clone(),
+            k.clone(),
+            g.clone(),
+            lambda.clone(),
+            None,
+        );
+        let dl_tiles = launch::causal(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            g.clone(),
+            lambda.clone(),
+            Some(grad.clone()),
+        );
+        let dl = Cb::float_sum_dim(dl_tiles, 0);
+        let dl_shape = lambda.meta.shape().clone();
+        let dl = Cb::float_reshape(dl, dl_shape);
+        let dv = launch::anticausal(k.clone(), q.clone(), grad.clone(), g.clone(), lambda.clone());
+        let lambda_all = lambda.clone();
+        let dk = launch::anticausal(v.clone(), grad, q, g, lambda);
+        // dΓ_t = dO_t·o_t − v_t·dv_t with dO_t·o_t = Σ_ℓ λ[t,ℓ] dλ[t,ℓ] (o is λ-weighted per
+        // level), all in f32 and without keeping o; dg is the reverse cumulative sum over time.
+        let f32 = |t: FloatTensor<Self>| cast(t, DType::F32);
+        let read = Cb::float_sum_dim(Cb::float_mul(f32(lambda_all), dl.clone()), 3);
+        let written = Cb::float_sum_dim(Cb::float_mul(f32(v), dv.clone()), 3);
+        let dgamma = Cb::float_reshape(Cb::float_sub(read, written), shape);
+        let dg = Cb::float_flip(Cb::float_cumsum(Cb::float_flip(dgamma, &[1]), 1), &[1]);
+        (
+            cast(dq, dtype),
+            cast(dk, dtype),
+            cast(dv, dtype),
+            cast(dg, dtype),
+            cast(dl, dtype),
+        )
+    }
+}
+
+fn cast(t: FloatTensor<Cb>, dtype: DType) -> FloatTensor<Cb> {
+    if t.dtype == dtype {
+        t
+    } else {
+        Cb::float_cast(t, dtype.into())
+    }
+}
+
+impl<B: Backend + LogLinearKernels, C: CheckpointStrategy> LogLinearKernels for Autodiff<B, C> {
+    fn log_linear_fused(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        lambda: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct FusedBackward;
+
+        impl<B: Backend + LogLinearKernels> Backward<B, 5> for FusedBackward {
+            type State = [FloatTensor<B>; 5];
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 5>,
+                grads: &mut Gradients,
+                _checkpointer: &mut Checkpointer,
+            ) {
+                let grad = grads.consume::<B>(&ops.node);
+                let [q, k, v, g, lambda] = ops.state;
+                let (dq, dk, dv, dg, dl) = B::log_linear_fused_backward(q, k, v, g, lambda, grad);
+                for (parent, d) in ops.parents.into_iter().zip([dq, dk, dv, dg, dl]) {
+                    if let Some(node) = parent {
+                        grads.register::<B>(node.id, d);
+                    }
+                }
+            }
+        }
+
+        let nodes = [q.node(), k.node(), v.node(), g.node(), lambda.node()];
+        let inputs = [
+            q.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            g.into_primitive(),
+            lambda.into_primitive(),
+        ];
+        let o = B::log_linear_fused(
+            inputs[0].clone(),
+            inputs[1].clone(),
+            inputs[2].clone(),
+            inputs[3].clone(),
+            inputs[4].clone(),
+        );
+        match FusedBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish(inputs, o),
+            OpsKind::UnTracked(prep) => prep.finish(o),
+        }
+    }
+
+    fn log_linear_fused_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        lambda: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        // Not itself differentiable (no second derivatives): the results are constants.
+        let (dq, dk, dv, dg, dl) = B::log_linear_fused_backward(
+            q.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            g.into_primitive(),
+            lambda.into_primitive(),
+            grad.into_primitive(),
+        );
+        let constant = <Self as AutodiffBackend>::from_inner;
+        (
+            constant(dq),
+            constant(dk),
+            constant(dv),
+            constant(dg),
+            constant(dl),
+        )
+    }
+}
+
+/// Whether `device` runs CubeCL kernels (directly or under autodiff).
+pub fn is_cube_device(device: &Device) -> bool {
+    matches!(device.clone().inner().as_dispatch(), DispatchDevice::Cube(_))
+}
+
+/// The fused op on a CubeCL device, or why it cannot run there (the caller falls back to the
+/// chunked form).
+pub fn fused(x: &LogLinearInput) -> Result<Tensor<4>, String> {
+    let d = x.dims();
+    if !is_cube_device(&x.device()) {
+        return Err("the device has no CubeCL kernels".into());
+    }
+    if !matches!(x.dtype(), DType::F32 | DType::BF16 | DType::F16) {
+        return Err(format!(
+            "{:?} inputs (the kernels take f32, bf16 and f16)",
+            x.dtype()
+        ));
+    }
+    if !x.device().supports_dtype(x.dtype()) {
+        return Err(format!("{:?} inputs, which the device does not support", x.dtype()));
+    }
+    if d.t == 0 {
+        return Err("an empty sequence".into());
+    }
+    let max_shared = max_shared_memory(&x.q);
+    launch::supported(d.n, d.p, d.l, d.t, max_shared)?;
+    let o = <burn::backend::Dispatch as LogLinearKernels>::log_linear_fused(
+        x.q.clone().into_dispatch(),
+        x.k.clone().into_dispatch(),
+        x.v.clone().into_dispatch(),
+        x.g.clone().into_dispatch(),
+        x.lambda.clone().into_dispatch(),
+    );
+    Ok(Tensor::from_dispatch(o))
+}
+
+/// The shared memory one cube may use on the device of `like`.
+fn max_shared_memory(like: &Tensor<4>) -> usize {
+    match like.device().inner().as_dispatch() {
+        DispatchDevice::Cube(cube) => launch::max_shared_memory(cube),
+        #[allow(unreachable_patterns)]
+        _ => 0,
+    }
+}

@@ -1,0 +1,86 @@
+//! The fused CubeCL kernels ([`Form::Fused`]) against the float64 parallel form: output and all
+//! five gradients, awkward lengths (partial last chunk, T = 1), several key/value widths, fresh
+//! random inputs per run, NaN-tailed input buffers. Runs on a WGPU device (any Vulkan driver,
+//! including the software rasteriser lavapipe): `cargo test -p loglinear --features wgpu --test
+//! kernels`. On CUDA the same checks run through `loglinear bench kernels --device cuda`.
+#![cfg(feature = "wgpu")]
+
+use burn::prelude::*;
+use burn::tensor::DType;
+use loglinear::fenwick::num_levels;
+use loglinear::ops::{Dims, LogLinearInput};
+use loglinear::testing::check_fused;
+
+fn device() -> Device {
+    Device::wgpu(Default::default())
+}
+
+fn fresh_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1)
+}
+
+fn check(dims: Dims, dtype: DType, tol: f64) {
+    let seed = fresh_seed();
+    let results = check_fused(&device(), dims, dtype, seed)
+        .unwrap_or_else(|why| panic!("{dims:?}: the kernels did not run: {why}"));
+    for (name, c) in results {
+        assert!(
+            !c.non_finite && c.max_rel <= tol,
+            "{dims:?} {dtype:?} seed {seed}: {name} max_rel {:.2e} (tolerance {tol:.0e}), \
+             non-finite {}",
+            c.max_rel,
+            c.non_finite
+        );
+    }
+}
+
+#[test]
+fn fused_matches_reference_at_awkward_lengths() {
+    for t in [1, 7, 33, 70, 200] {
+        let dims = Dims { b: 2, t, h: 2, n: 16, p: 32, l: num_levels(t) };
+        check(dims, DType::F32, 2e-5);
+    }
+}
+
+#[test]
+fn fused_matches_reference_for_widths_and_extra_levels() {
+    for (n, p) in [(32, 16), (64, 48), (20, 36)] {
+        // More λ slots than the sequence needs, as models allocate for their longest context.
+        let dims = Dims { b: 1, t: 150, h: 3, n, p, l: num_levels(150) + 2 };
+        check(dims, DType::F32, 2e-5);
+    }
+}
+
+#[test]
+fn fused_handles_long_sequences_with_many_levels() {
+    let dims = Dims { b: 1, t: 1100, h: 1, n: 16, p: 16, l: num_levels(1100) };
+    check(dims, DType::F32, 5e-5);
+}
+
+#[test]
+fn fused_takes_half_precision_inputs() {
+    let dims = Dims { b: 1, t: 90, h: 2, n: 32, p: 32, l: num_levels(90) };
+    let mut checked = 0;
+    for dtype in [DType::BF16, DType::F16] {
+        if device().supports_dtype(dtype) {
+            // Half-precision outputs and gradients carry their rounding (2^-8 relative for
+            // bf16, 2^-11 for f16) on top of f32 arithmetic.
+            check(dims, dtype, 1e-2);
+            checked += 1;
+        } else {
+            // Unsupported dtypes are refused by the kernels (and so take the fallback).
+            let x = LogLinearInput::random(dims, 1, DType::F32, &device());
+            let x = LogLinearInput {
+                q: x.q.cast(dtype),
+                ..x
+            };
+            let why = loglinear::kernels::fused(&x).expect_err("an unsupported dtype is refused");
+            assert!(why.contains("does not support"), "{why}");
+        }
+    }
+    eprintln!("half-precision dtypes checked on this device: {checked}");
+}
+
