@@ -22,7 +22,7 @@ smoke)
     ;;
 kernels)
     step "fused kernel checks"
-    timeout 400 $bin bench kernels --device cuda 2>&1 | tee "$out/bench_kernels.txt"
+    timeout 240 $bin bench kernels --device cuda 2>&1 | tee "$out/bench_kernels.txt"
     ;;
 op-chunks)
     for c in 16 64; do
@@ -35,10 +35,10 @@ train-long)
     timeout 250 $bin bench train --device cuda --runs 3 --seq-len 8192 --batch 4 2>&1 | tee "$out/bench_train_8k.txt"
     ;;
 op)
-    step "bench op f32"
-    timeout 300 $bin bench op --device cuda --dtype f32 --runs 5 --lambda-one 2>&1 | tee "$out/bench_op_f32.txt"
-    step "bench op bf16"
-    timeout 200 $bin bench op --device cuda --dtype bf16 --runs 5 2>&1 | tee "$out/bench_op_bf16.txt"
+    step "bench op bf16 (anchors' dtype), fused and chunked"
+    timeout 240 $bin bench op --device cuda --dtype bf16 --runs 10 --forms fused,chunked 2>&1 | tee "$out/bench_op_bf16.txt"
+    step "bench op f32, fused, λ learned and ≡ 1"
+    timeout 120 $bin bench op --device cuda --dtype f32 --runs 10 --forms fused --lambda-one 2>&1 | tee "$out/bench_op_f32.txt"
     ;;
 train)
     step "bench train"

@@ -96,10 +96,10 @@ fn check_fused_op(device: &Device, dtype: DType, n: usize, p: usize) -> Result<f
         p,
         l: num_levels(512),
     };
-    let results = loglinear::testing::check_fused(device, dims, dtype, fresh_seed())
+    let results = loglinear::testing::check_fused(device, dims, dtype, dtype, fresh_seed())
         .map_err(|why| anyhow::anyhow!("the fused kernels do not run on {device:?}: {why}"))?;
     let mut worst = 0f64;
-    for (name, c) in results {
+    for (name, c) in results.into_iter().take(6) {
         if c.non_finite {
             bail!("fused form on {device:?}: {name} is non-finite");
         }
@@ -131,13 +131,14 @@ pub fn bench_kernels(device: &Device) -> Result<String> {
     let seed = fresh_seed();
     let mut out = format!(
         "fused kernels on {device:?} vs f64 parallel on the CPU, seed {seed}\n\n\
-         | dtype | T | B | H | N | P | worst max-rel (o, dq, dk, dv, dg, dλ) | tolerance | |\n\
+         | q, k, v / g, λ | T | B | H | N | P | max-rel (o, dq, dk, dv, dg, dλ) | tolerance | |\n\
          |---|---|---|---|---|---|---|---|---|\n"
     );
     let mut failed = 0;
     let widths = [(16, 16), (64, 64), (128, 64), (64, 128), (128, 128)];
     let mut case = 0u64;
-    for dtype in [DType::F32, DType::BF16] {
+    // bf16 q, k, v with f32 g and λ: what mixed-precision training passes.
+    for (dtype, g_dtype) in [(DType::F32, DType::F32), (DType::BF16, DType::F32)] {
         let tol = if dtype == DType::F32 { 1e-4 } else { 2e-2 };
         for t in [1usize, 70, 200, 4096] {
             for &(n, p) in &widths {
@@ -154,18 +155,33 @@ pub fn bench_kernels(device: &Device) -> Result<String> {
                     l: num_levels(t),
                 };
                 case += 1;
-                let results = loglinear::testing::check_fused(device, dims, dtype, seed + case)
+                let results =
+                    loglinear::testing::check_fused(device, dims, dtype, g_dtype, seed + case)
                     .map_err(|why| anyhow::anyhow!("{dims:?}: the kernels do not run: {why}"))?;
-                let worst: Vec<f64> = results.iter().map(|(_, c)| c.max_rel).collect();
-                let bad = results.iter().any(|(_, c)| c.non_finite || c.max_rel > tol);
+                // At T = 1, dg is exactly 0 (the first decay never matters) and the kernels' f32
+                // cancellation leaves ~1e-4 absolute: checked absolutely.
+                let (main, by_level) = results.split_at(6);
+                let judged = |(name, c): &(&str, loglinear::testing::Closeness)| {
+                    if *name == "dg" && t == 1 {
+                        c.max_abs <= 1e-3
+                    } else {
+                        !c.non_finite && c.max_rel <= tol
+                    }
+                };
+                let bad = !main.iter().all(judged);
                 failed += usize::from(bad);
-                out.push_str(&format!(
-                    "| {dtype:?} | {t} | {b} | {h} | {n} | {p} | {} | {tol:.0e} | {} |\n",
-                    worst
+                let worst: Vec<String> = main.iter().map(|(_, c)| format!("{:.1e}", c.max_rel)).collect();
+                let mut note = String::new();
+                if bad {
+                    let levels: Vec<String> = by_level
                         .iter()
-                        .map(|e| format!("{e:.1e}"))
-                        .collect::<Vec<_>>()
-                        .join(", "),
+                        .map(|(name, c)| format!("{name} {:.1e}", c.max_rel))
+                        .collect();
+                    note = format!(" (dλ per level: {})", levels.join(", "));
+                }
+                out.push_str(&format!(
+                    "| {dtype:?} / {g_dtype:?} | {t} | {b} | {h} | {n} | {p} | {} | {tol:.0e} | {}{note} |\n",
+                    worst.join(", "),
                     if bad { "FAIL" } else { "ok" }
                 ));
             }
@@ -380,6 +396,7 @@ pub fn bench_decode(
 }
 
 /// Median training-step time and throughput of the LM for λ modes (and the Transformer).
+#[allow(clippy::too_many_arguments)]
 pub fn bench_train(
     d_model: usize,
     layers: usize,
@@ -387,6 +404,8 @@ pub fn bench_train(
     batch: usize,
     modes: &[String],
     runs: usize,
+    precision: &str,
+    form: &str,
     device: &Device,
 ) -> Result<String> {
     use crate::config::{Arch, ExperimentConfig};
@@ -395,13 +414,14 @@ pub fn bench_train(
     let vocab = 50257;
     let mut out = format!(
         "training step (forward, loss, backward, AdamW), D = {d_model}, {layers} layers, T = {seq_len}, batch {batch}, \
-         vocab {vocab}, f32, on {device:?}; median of {runs} steps after 2 warm-up steps\n\n\
+         vocab {vocab}, precision {precision}, core op {form}, on {device:?}; median of {runs} steps \
+         after 2 warm-up steps\n\n\
          | model | ms/step | tokens/s | params | memory reserved |\n|---|---|---|---|---|\n"
     );
     let ad = device.clone().autodiff();
     for mode in modes {
         let text = format!(
-            "name = \"bench\"\n[task.lm]\ndata = \".\"\nseq_len = {seq_len}\n[model]\narch = \"{}\"\nlambda = \"{}\"\nd_model = {d_model}\nn_layers = {layers}\nheads = {}\nexpand = 1\nd_state = 128\nhead_dim = 64\nlevels = 15\n[train]\nbatch_size = {batch}\ntrain_examples = {batch}\n",
+            "name = \"bench\"\n[task.lm]\ndata = \".\"\nseq_len = {seq_len}\n[model]\narch = \"{}\"\nlambda = \"{}\"\nd_model = {d_model}\nn_layers = {layers}\nheads = {}\nexpand = 1\nd_state = 128\nhead_dim = 64\nlevels = {levels}\nprecision = \"{precision}\"\nform = \"{form}\"\n[train]\nbatch_size = {batch}\ntrain_examples = {batch}\n",
             if mode == "transformer" {
                 "transformer"
             } else {
@@ -413,6 +433,7 @@ pub fn bench_train(
                 mode.as_str()
             },
             d_model / 64,
+            levels = num_levels(seq_len).max(15),
         );
         let cfg: ExperimentConfig = crate::config::typed(toml::from_str(&text)?)?;
         let arch_name = if cfg.model.arch == Arch::Transformer {

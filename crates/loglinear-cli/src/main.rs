@@ -168,6 +168,12 @@ enum BenchCommand {
         /// Timed steps (median).
         #[arg(long, default_value_t = 10)]
         runs: usize,
+        /// Compute precision: bf16 (mixed) or full.
+        #[arg(long, default_value = "bf16")]
+        precision: String,
+        /// Core-op form of the log-linear models: fused or chunked.
+        #[arg(long, default_value = "fused")]
+        form: String,
         /// Device: cpu, cuda[:N] or wgpu.
         #[arg(long, default_value = "cpu")]
         device: String,
@@ -450,6 +456,8 @@ fn run_bench(cmd: BenchCommand) -> Result<()> {
             batch,
             modes,
             runs,
+            precision,
+            form,
             device,
         } => bench::bench_train(
             d_model,
@@ -458,6 +466,8 @@ fn run_bench(cmd: BenchCommand) -> Result<()> {
             batch,
             &modes,
             runs,
+            &precision,
+            &form,
             &parse_device(&device)?,
         )?,
     };

@@ -269,34 +269,47 @@ pub fn nan_tailed<const D: usize>(
     buffer.narrow(0, 0, len).reshape(shape)
 }
 
+/// `values` rounded to `dtype` (and back to f64).
+fn rounded(values: &[f64], dtype: DType) -> Vec<f64> {
+    let t: Tensor<1> = Tensor::from_data(
+        burn::tensor::TensorData::new(values.to_vec(), vec![values.len()]),
+        (&Device::flex(), dtype),
+    );
+    to_f64(&t)
+}
+
 /// One check of [`Form::Fused`] on `device`: output and all five gradients against the float64
-/// parallel form on the CPU, computed from the same (dtype-rounded) inputs, with NaN-tailed
+/// parallel form on the CPU, computed from the same rounded inputs (`q, k, v` and the output
+/// gradient in `dtype`, `g, λ` in `g_dtype`, as mixed precision runs them), with NaN-tailed
 /// device buffers and fresh random inputs from `seed`. Errors if the kernels would not run
-/// (a silent fallback must not pass as a kernel check).
+/// (a silent fallback must not pass as a kernel check). After `o` and the five gradients come
+/// the `dλ` errors per level (`dλ0`, `dλ1`, …), which localise a failure.
 #[cfg(feature = "kernels")]
 pub fn check_fused(
     device: &Device,
     dims: crate::ops::Dims,
     dtype: DType,
+    g_dtype: DType,
     seed: u64,
 ) -> Result<Vec<(&'static str, Closeness)>, String> {
     let cpu = Device::flex().autodiff();
-    let x = LogLinearInput::random(dims, seed, dtype, &Device::flex());
+    let x = LogLinearInput::random(dims, seed, DType::F64, &Device::flex());
+    let mut host = HostInput::from_input(&x);
+    host.q = rounded(&host.q, dtype);
+    host.k = rounded(&host.k, dtype);
+    host.v = rounded(&host.v, dtype);
+    host.g = rounded(&host.g, g_dtype);
+    host.lambda = rounded(&host.lambda, g_dtype);
+    let crate::ops::Dims { b, t, h, n, p, l } = dims;
     let d_o = LogLinearInput::random(
-        crate::ops::Dims {
-            n: dims.p,
-            ..dims
-        },
+        crate::ops::Dims { n: p, ..dims },
         seed ^ 0x5eed,
-        dtype,
+        DType::F64,
         &Device::flex(),
     )
     .q;
-    // The reference sees exactly the values the device sees: the inputs rounded to `dtype`.
-    let host = HostInput::from_input(&x);
-    let d_o_host = to_f64(&d_o);
+    let d_o_host = rounded(&to_f64(&d_o), dtype);
     let x64 = host.to_input(DType::F64, &cpu);
-    let crate::ops::Dims { b, t, h, n, p, l } = dims;
     let d_o64 = Tensor::<4>::from_data(
         burn::tensor::TensorData::new(d_o_host.clone(), vec![b, t, h, p]),
         (&cpu, DType::F64),
@@ -308,8 +321,8 @@ pub fn check_fused(
         q: nan_tailed(&host.q, [b, t, h, n], dtype, &ad),
         k: nan_tailed(&host.k, [b, t, h, n], dtype, &ad),
         v: nan_tailed(&host.v, [b, t, h, p], dtype, &ad),
-        g: nan_tailed(&host.g, [b, t, h], dtype, &ad),
-        lambda: nan_tailed(&host.lambda, [b, t, h, l], dtype, &ad),
+        g: nan_tailed(&host.g, [b, t, h], g_dtype, &ad),
+        lambda: nan_tailed(&host.lambda, [b, t, h, l], g_dtype, &ad),
     };
     let d_od = nan_tailed(&d_o_host, [b, t, h, p], dtype, &ad);
     crate::kernels::fused(&xd)?;
@@ -318,5 +331,31 @@ pub fn check_fused(
     for ((name, r), (_, g)) in reference.grads.iter().zip(&got.grads) {
         out.push((*name, closeness(r, g)));
     }
+    // Per-level dλ errors (relative to the largest dλ of all levels), to localise a failure.
+    let (r, g) = (&reference.grads[4].1, &got.grads[4].1);
+    let scale = r.iter().fold(0f64, |m, x| m.max(x.abs())).max(f64::MIN_POSITIVE);
+    for (level, name) in LEVEL_NAMES.iter().enumerate().take(l) {
+        let err = r
+            .iter()
+            .zip(g)
+            .skip(level)
+            .step_by(l)
+            .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+        out.push((
+            name,
+            Closeness {
+                max_rel: err / scale,
+                max_abs: err,
+                rms_ratio: f64::NAN,
+                non_finite: false,
+            },
+        ));
+    }
     Ok(out)
 }
+
+#[cfg(feature = "kernels")]
+const LEVEL_NAMES: [&str; 24] = [
+    "dλ0", "dλ1", "dλ2", "dλ3", "dλ4", "dλ5", "dλ6", "dλ7", "dλ8", "dλ9", "dλ10", "dλ11", "dλ12",
+    "dλ13", "dλ14", "dλ15", "dλ16", "dλ17", "dλ18", "dλ19", "dλ20", "dλ21", "dλ22", "dλ23",
+];

@@ -43,18 +43,18 @@ fn row(b: usize, t: usize, h: usize, seq: usize, heads: usize, width: usize) -> 
 
 /// The causal kernel (forward op, `dq`, and with `dl` the λ gradient).
 ///
-/// Shapes: `a, b: [B, T, H, nk]`, `c, w: [B, T, H, width]`, `g: [B, T, H]`,
-/// `lambda: [B, T, H, levels]`; `out: [B, T, H, width]` (f32), or with `dl`
+/// Shapes: `a, b: [B, T, H, nk]`, `c, w: [B, T, H, width]` (dtype `E`), `g: [B, T, H]`,
+/// `lambda: [B, T, H, levels]` (dtype `G`, f32 under mixed precision); `out: [B, T, H, width]` (f32), or with `dl`
 /// `[tiles, B, T, H, levels]`; `states`: `tiles·B·H·nlev·nk·pt` f32 scratch.
 /// Grid `(B·H, tiles)`, [`THREADS`] units.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
-pub fn causal_kernel<E: Float>(
+pub fn causal_kernel<E: Float, G: Float>(
     a: &Tensor<E>,
     b: &Tensor<E>,
     c: &Tensor<E>,
-    g: &Tensor<E>,
-    lambda: &Tensor<E>,
+    g: &Tensor<G>,
+    lambda: &Tensor<G>,
     w: &Tensor<E>,
     out: &mut Tensor<f32>,
     states: &mut Tensor<f32>,
@@ -68,7 +68,7 @@ pub fn causal_kernel<E: Float>(
     #[comptime] levels: usize,
     #[comptime] nlev: usize,
     #[comptime] dl: bool,
-    #[define(E)] _dtype: ElemType,
+    #[define(E, G)] _dtypes: [ElemType; 2],
 ) {
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
@@ -92,7 +92,7 @@ pub fn causal_kernel<E: Float>(
     let mut ws = Shared::<[f32]>::new_slice(comptime!(if dl { chunk * pt } else { 1 }));
     let mut sc = Shared::<[f32]>::new_slice(comptime!(chunk * chunk));
     let mut lam = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
-    let mut dls = Shared::<[f32]>::new_slice(comptime!(if dl { chunk * levels } else { 1 }));
+    let mut red = Shared::<[f32]>::new_slice(comptime!(if dl { chunk * pt } else { 1 }));
     let mut graw = Shared::<[f32]>::new_slice(chunk);
     let mut gam = Shared::<[f32]>::new_slice(chunk);
     let mut kd = Shared::<[f32]>::new_slice(chunk);
@@ -101,13 +101,6 @@ pub fn causal_kernel<E: Float>(
 
     if u < nlev {
         scale[u] = 1.0f32;
-    }
-    if dl {
-        let mut idx = u;
-        while idx < comptime!(chunk * levels) {
-            dls[idx] = 0.0f32;
-            idx += THREADS;
-        }
     }
     let pc = u % pt;
     let rbase = u / pt;
@@ -172,16 +165,21 @@ pub fn causal_kernel<E: Float>(
         }
         sync_cube();
         // (2) In-chunk cumulative decay γ, e^{γ_last − γ_i} (key decay), e^{γ_i} (query decay).
-        if u == 0 {
-            let mut acc = 0.0f32;
+        if u < chunk {
+            // Each of the first `chunk` units sums its own prefix (and the total): no serial
+            // section, one barrier.
+            let mut prefix = 0.0f32;
+            let mut total = 0.0f32;
             for i in 0..chunk {
-                acc += graw[i];
-                gam[i] = acc;
+                let gi = graw[i];
+                total += gi;
+                if i <= u {
+                    prefix += gi;
+                }
             }
-            for i in 0..chunk {
-                kd[i] = (acc - gam[i]).exp();
-                eg[i] = gam[i].exp();
-            }
+            gam[u] = prefix;
+            kd[u] = (total - prefix).exp();
+            eg[u] = prefix.exp();
         }
         sync_cube();
         // (3) Intra-chunk scores, causal: (a_i·b_j) e^{γi−γj} λ[i, ℓ(i,j)]; with dl, the
@@ -219,18 +217,23 @@ pub fn causal_kernel<E: Float>(
             acc[r] = 0.0f32;
         }
         if dl {
-            // (4a) Level-segmented row sums of the in-chunk terms.
-            if u < chunk {
-                for jj in 0..chunk {
-                    if jj <= u {
-                        let lvl = bitlen(u ^ jj);
-                        if lvl < levels {
-                            dls[u * levels + lvl] += sc[u * chunk + jj];
+            // (4a) Level-segmented row sums of the in-chunk terms, written straight to this
+            // row's dλ entries (each row has one owner unit, which also adds the levels of (5)).
+            let t = t0 + u;
+            if u < chunk && t < seq {
+                let dl_row = (((tile * batch + bi) * seq + t) * heads + h) * levels;
+                for lvl in 0..levels {
+                    let mut sum = 0.0f32;
+                    if lvl <= log_c {
+                        for jj in 0..chunk {
+                            if jj <= u && bitlen(u ^ jj) == lvl {
+                                sum += sc[u * chunk + jj];
+                            }
                         }
                     }
+                    out[dl_row + lvl] = sum;
                 }
             }
-            sync_cube();
         } else {
             // (4b) In-chunk output: scores × values.
             for jj in 0..chunk {
@@ -265,38 +268,28 @@ pub fn causal_kernel<E: Float>(
                 for r in 0..rows_out {
                     let i = rbase + r * rstep;
                     if dl {
-                        // The score-sized buffer is free now: reuse it for the row reduction.
-                        sc[i * pt + pc] = tmp[r] * f * eg[i] * ws[i * pt + pc];
+                        red[i * pt + pc] = tmp[r] * f * eg[i] * ws[i * pt + pc];
                     } else {
                         acc[r] += tmp[r] * f * eg[i] * lam[i * levels + token_level];
                     }
                 }
                 if dl {
                     sync_cube();
-                    if u < chunk {
+                    let t = t0 + u;
+                    if u < chunk && t < seq {
                         let mut s = 0.0f32;
                         for p in 0..pt {
-                            s += sc[u * pt + p];
+                            s += red[u * pt + p];
                         }
-                        dls[u * levels + token_level] += s;
+                        out[(((tile * batch + bi) * seq + t) * heads + h) * levels + token_level] +=
+                            s;
                     }
                     sync_cube();
                 }
             }
         }
         // (6) Outputs.
-        if dl {
-            if u < chunk {
-                let t = t0 + u;
-                for l in 0..levels {
-                    if t < seq {
-                        let off = (((tile * batch + bi) * seq + t) * heads + h) * levels + l;
-                        out[off] = dls[u * levels + l];
-                    }
-                    dls[u * levels + l] = 0.0f32;
-                }
-            }
-        } else {
+        if !dl {
             #[unroll]
             for r in 0..rows_out {
                 let t = t0 + rbase + r * rstep;
@@ -363,12 +356,12 @@ pub fn causal_kernel<E: Float>(
 /// Shapes as [`causal_kernel`]; `out: [B, T, H, width]` (f32).
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
-pub fn anticausal_kernel<E: Float>(
+pub fn anticausal_kernel<E: Float, G: Float>(
     a: &Tensor<E>,
     b: &Tensor<E>,
     c: &Tensor<E>,
-    g: &Tensor<E>,
-    lambda: &Tensor<E>,
+    g: &Tensor<G>,
+    lambda: &Tensor<G>,
     out: &mut Tensor<f32>,
     states: &mut Tensor<f32>,
     batch: usize,
@@ -380,7 +373,7 @@ pub fn anticausal_kernel<E: Float>(
     #[comptime] pt: usize,
     #[comptime] levels: usize,
     #[comptime] nlev: usize,
-    #[define(E)] _dtype: ElemType,
+    #[define(E, G)] _dtypes: [ElemType; 2],
 ) {
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
@@ -473,16 +466,21 @@ pub fn anticausal_kernel<E: Float>(
             graw[u] = gv;
         }
         sync_cube();
-        if u == 0 {
-            let mut acc = 0.0f32;
+        if u < chunk {
+            // Each of the first `chunk` units sums its own prefix (and the total): no serial
+            // section, one barrier.
+            let mut prefix = 0.0f32;
+            let mut total = 0.0f32;
             for i in 0..chunk {
-                acc += graw[i];
-                gam[i] = acc;
+                let gi = graw[i];
+                total += gi;
+                if i <= u {
+                    prefix += gi;
+                }
             }
-            for i in 0..chunk {
-                kd[i] = (acc - gam[i]).exp();
-                eg[i] = gam[i].exp();
-            }
+            gam[u] = prefix;
+            kd[u] = (total - prefix).exp();
+            eg[u] = prefix.exp();
         }
         sync_cube();
         // Intra-chunk scores, anticausal: (a_i·b_j) e^{γj−γi} λ[j, ℓ(i,j)] for j ≥ i.

@@ -27,9 +27,9 @@ pub fn shared_bytes(plan: Plan, nk: usize, levels: usize, nlev: usize, dl: bool)
     let extra = usize::from(dl);
     let floats = chunk * (nk + 1)
         + nk * chunk
-        + chunk * pt * (1 + extra)
+        + chunk * pt * (1 + 2 * extra)
         + chunk * chunk
-        + chunk * levels * (1 + extra)
+        + chunk * levels
         + 4 * chunk
         + nlev.max(1)
         + 2;
@@ -60,8 +60,7 @@ pub fn plan(
     let chunks = [first, 32, 16].into_iter().filter(|&c| c <= first);
     for chunk in chunks {
         let nlev = bitlen(seq.div_ceil(chunk).saturating_sub(1));
-        // The λ-gradient variant reuses the score buffer for a row reduction: pt ≤ chunk.
-        let widest = if dl { chunk.min(64) } else { 64 };
+        let widest = 64;
         let mut pt = 16;
         while pt < widest && pt < width {
             pt *= 2;
@@ -124,6 +123,7 @@ pub fn causal(
     let client = a.client.clone();
     let device = a.device.clone();
     let dtype = a.dtype;
+    let g_dtype = g.dtype;
     let max_shared = max_shared_memory(&device);
     let plan = plan(nk, width, levels, t, dl, max_shared).unwrap_or_else(|| {
         panic!("log_linear_fused: no tile fits (nk {nk}, width {width}, L {levels}, T {t})")
@@ -166,7 +166,7 @@ pub fn causal(
         levels,
         nlev,
         dl,
-        dtype_to_storage_type(dtype),
+        [dtype_to_storage_type(dtype), dtype_to_storage_type(g_dtype)],
     );
     out
 }
@@ -183,6 +183,7 @@ pub fn anticausal(
     let client = a.client.clone();
     let device = a.device.clone();
     let dtype = a.dtype;
+    let g_dtype = g.dtype;
     let max_shared = max_shared_memory(&device);
     let plan = plan(nk, width, levels, t, false, max_shared).unwrap_or_else(|| {
         panic!("log_linear_fused: no tile fits (nk {nk}, width {width}, L {levels}, T {t})")
@@ -221,7 +222,7 @@ pub fn anticausal(
         plan.pt,
         levels,
         nlev,
-        dtype_to_storage_type(dtype),
+        [dtype_to_storage_type(dtype), dtype_to_storage_type(g_dtype)],
     );
     out
 }

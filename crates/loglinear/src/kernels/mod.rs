@@ -33,8 +33,8 @@ use crate::ops::LogLinearInput;
 /// autodiff over them (the backward below); other backends never reach it ([`fused`] checks).
 #[backend_extension(Cube, Autodiff)]
 pub trait LogLinearKernels: Backend {
-    /// `o: [B, T, H, P]` in the input dtype from `q, k: [B, T, H, N]`, `v: [B, T, H, P]`,
-    /// `g: [B, T, H]`, `lambda: [B, T, H, L]`.
+    /// `o: [B, T, H, P]` in the dtype of `q, k: [B, T, H, N]`, `v: [B, T, H, P]`, from those and
+    /// `g: [B, T, H]`, `lambda: [B, T, H, L]` (same dtype as `q`, or f32 under mixed precision).
     fn log_linear_fused(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -43,8 +43,8 @@ pub trait LogLinearKernels: Backend {
         lambda: FloatTensor<Self>,
     ) -> FloatTensor<Self>;
 
-    /// `(dq, dk, dv, dg, dλ)` in the input dtype, from the inputs and the output gradient
-    /// `grad: [B, T, H, P]`.
+    /// `(dq, dk, dv, dg, dλ)` in the dtypes of the inputs, from the inputs and the output
+    /// gradient `grad: [B, T, H, P]` (dtype of `q`).
     #[allow(clippy::type_complexity)]
     fn log_linear_fused_backward(
         q: FloatTensor<Self>,
@@ -92,6 +92,7 @@ impl LogLinearKernels for CubeBackend {
         FloatTensor<Self>,
     ) {
         let dtype = q.dtype;
+        let g_dtype = g.dtype;
         let shape = g.meta.shape().clone();
         let dq = launch::causal(
             grad.clone(),
@@ -126,8 +127,8 @@ impl LogLinearKernels for CubeBackend {
             cast(dq, dtype),
             cast(dk, dtype),
             cast(dv, dtype),
-            cast(dg, dtype),
-            cast(dl, dtype),
+            cast(dg, g_dtype),
+            cast(dl, g_dtype),
         )
     }
 }
@@ -238,14 +239,25 @@ pub fn fused(x: &LogLinearInput) -> Result<Tensor<4>, String> {
     if !is_cube_device(&x.device()) {
         return Err("the device has no CubeCL kernels".into());
     }
-    if !matches!(x.dtype(), DType::F32 | DType::BF16 | DType::F16) {
+    let (dtype, g_dtype) = (x.dtype(), x.g.dtype());
+    if x.k.dtype() != dtype || x.v.dtype() != dtype || x.lambda.dtype() != g_dtype {
         return Err(format!(
-            "{:?} inputs (the kernels take f32, bf16 and f16)",
-            x.dtype()
+            "mixed dtypes (q, k, v must share one, g and λ another): q {:?}, k {:?}, v {:?}, \
+             g {:?}, λ {:?}",
+            dtype,
+            x.k.dtype(),
+            x.v.dtype(),
+            g_dtype,
+            x.lambda.dtype()
         ));
     }
-    if !x.device().supports_dtype(x.dtype()) {
-        return Err(format!("{:?} inputs, which the device does not support", x.dtype()));
+    for dt in [dtype, g_dtype] {
+        if !matches!(dt, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(format!("{dt:?} inputs (the kernels take f32, bf16 and f16)"));
+        }
+        if !x.device().supports_dtype(dt) {
+            return Err(format!("{dt:?} inputs, which the device does not support"));
+        }
     }
     if d.t == 0 {
         return Err("an empty sequence".into());
