@@ -22,9 +22,16 @@ if [[ "${1:-}" != "--no-patch" ]]; then
     src=$(find "${CARGO_HOME:-$HOME/.cargo}/registry/src" -maxdepth 2 -type d -name "$crate" | head -n 1)
     [[ -n "$src" ]] || { echo "error: $crate not found in the cargo registry after cargo fetch" >&2; exit 1; }
     mkdir -p "$work"
-    rm -rf "${work:?}/$crate"
-    cp -r "$src" "$work/"
-    (cd "$work/$crate" && patch -s -p1 < ../../scripts/patches/cubecl-cuda-0.11.3-offline.diff)
+    # Re-create the patched copy only when the patch changed: fresh file times would make cargo
+    # rebuild cubecl-cuda and everything above it (minutes) on every run.
+    stamp="$work/$crate.patch.sha256"
+    want=$(sha256sum scripts/patches/cubecl-cuda-0.11.3-offline.diff | cut -d' ' -f1)
+    if [[ ! -d "$work/$crate" || "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
+        rm -rf "${work:?}/$crate"
+        cp -r "$src" "$work/"
+        (cd "$work/$crate" && patch -s -p1 < ../../scripts/patches/cubecl-cuda-0.11.3-offline.diff)
+        echo "$want" > "$stamp"
+    fi
     cp Cargo.lock "$work/Cargo.lock.orig"
     trap 'cp "$work/Cargo.lock.orig" Cargo.lock' EXIT
     args+=(--config "patch.crates-io.cubecl-cuda.path=\"$work/$crate\"")

@@ -11,6 +11,15 @@ use loglinear::nn::{LambdaMode, LmConfig, TransformerConfig};
 use loglinear::ops::{Dims, FenwickState, Form, LogLinearInput, log_linear_attn};
 use loglinear::testing::{HostInput, closeness};
 
+/// Appends `text` to the report and prints it at once, so a run cut short by a time limit still
+/// shows every figure it measured.
+fn emit(out: &mut String, text: &str) {
+    use std::io::Write;
+    print!("{text}");
+    std::io::stdout().flush().ok();
+    out.push_str(text);
+}
+
 /// Median of `runs` timings of `f` in milliseconds, after `warmup` untimed calls; `sync` waits
 /// for the device.
 pub fn time_ms(warmup: usize, runs: usize, device: &Device, mut f: impl FnMut()) -> f64 {
@@ -129,10 +138,14 @@ pub fn fresh_seed() -> u64 {
 #[cfg(feature = "kernels")]
 pub fn bench_kernels(device: &Device) -> Result<String> {
     let seed = fresh_seed();
-    let mut out = format!(
-        "fused kernels on {device:?} vs f64 parallel on the CPU, seed {seed}\n\n\
+    let mut out = String::new();
+    emit(
+        &mut out,
+        &format!(
+            "fused kernels on {device:?} vs f64 parallel on the CPU, seed {seed}\n\n\
          | q, k, v / g, λ | T | B | H | N | P | max-rel (o, dq, dk, dv, dg, dλ) | tolerance | |\n\
          |---|---|---|---|---|---|---|---|---|\n"
+        ),
     );
     let mut failed = 0;
     let widths = [(16, 16), (64, 64), (128, 64), (64, 128), (128, 128)];
@@ -157,7 +170,9 @@ pub fn bench_kernels(device: &Device) -> Result<String> {
                 case += 1;
                 let results =
                     loglinear::testing::check_fused(device, dims, dtype, g_dtype, seed + case)
-                    .map_err(|why| anyhow::anyhow!("{dims:?}: the kernels do not run: {why}"))?;
+                        .map_err(|why| {
+                            anyhow::anyhow!("{dims:?}: the kernels do not run: {why}")
+                        })?;
                 // At T = 1, dg is exactly 0 (the first decay never matters) and the kernels' f32
                 // cancellation leaves ~1e-4 absolute: checked absolutely.
                 let (main, by_level) = results.split_at(6);
@@ -170,7 +185,10 @@ pub fn bench_kernels(device: &Device) -> Result<String> {
                 };
                 let bad = !main.iter().all(judged);
                 failed += usize::from(bad);
-                let worst: Vec<String> = main.iter().map(|(_, c)| format!("{:.1e}", c.max_rel)).collect();
+                let worst: Vec<String> = main
+                    .iter()
+                    .map(|(_, c)| format!("{:.1e}", c.max_rel))
+                    .collect();
                 let mut note = String::new();
                 if bad {
                     let levels: Vec<String> = by_level
@@ -179,16 +197,19 @@ pub fn bench_kernels(device: &Device) -> Result<String> {
                         .collect();
                     note = format!(" (dλ per level: {})", levels.join(", "));
                 }
-                out.push_str(&format!(
-                    "| {dtype:?} / {g_dtype:?} | {t} | {b} | {h} | {n} | {p} | {} | {tol:.0e} | {}{note} |\n",
-                    worst.join(", "),
-                    if bad { "FAIL" } else { "ok" }
-                ));
+                emit(
+                    &mut out,
+                    &format!(
+                        "| {dtype:?} / {g_dtype:?} | {t} | {b} | {h} | {n} | {p} | {} | {tol:.0e} | {}{note} |\n",
+                        worst.join(", "),
+                        if bad { "FAIL" } else { "ok" }
+                    ),
+                );
             }
         }
     }
     if failed > 0 {
-        bail!("{out}\n{failed} case(s) failed");
+        bail!("{failed} case(s) failed (table above)");
     }
     Ok(out)
 }
@@ -243,22 +264,31 @@ pub fn bench_op(cfg: &OpBench, device: &Device) -> Result<String> {
     let mut out = String::new();
     for &form in &cfg.forms {
         let err = check_form(device, form, cfg.dtype, cfg.n.min(128), cfg.p.min(128))?;
-        out.push_str(&format!(
-            "correctness: {form} on {device:?} in {:?} vs f64 parallel on the CPU (B=2, T=512, \
+        emit(
+            &mut out,
+            &format!(
+                "correctness: {form} on {device:?} in {:?} vs f64 parallel on the CPU (B=2, T=512, \
              H=3): worst max-relative error over o and all gradients {err:.2e} (tolerance \
              {tol:.0e})\n",
-            cfg.dtype
-        ));
+                cfg.dtype
+            ),
+        );
         if err > tol {
-            bail!("{out}correctness check failed; no timings taken");
+            bail!("correctness check failed; no timings taken");
         }
     }
-    out.push_str(&format!(
-        "\nshape: H={}, N={}, P={}, chunk {}, {:?}, B×T = {}; median of {} runs after warm-up; \
+    emit(
+        &mut out,
+        &format!(
+            "\nshape: H={}, N={}, P={}, chunk {}, {:?}, B×T = {}; median of {} runs after warm-up; \
          TFLOP/s counts the chunkwise algorithm's products, GB/s the bytes of q, k, v, g, λ and o\n\n",
-        cfg.heads, cfg.n, cfg.p, cfg.chunk, cfg.dtype, cfg.tokens, cfg.runs
-    ));
-    out.push_str("| form | T | B | λ | fwd ms | fwd+bwd ms | fwd tokens/s | fwd TFLOP/s | fwd GB/s |\n|---|---|---|---|---|---|---|---|---|\n");
+            cfg.heads, cfg.n, cfg.p, cfg.chunk, cfg.dtype, cfg.tokens, cfg.runs
+        ),
+    );
+    emit(
+        &mut out,
+        "| form | T | B | λ | fwd ms | fwd+bwd ms | fwd tokens/s | fwd TFLOP/s | fwd GB/s |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
     for &t in &cfg.lengths {
         let b = (cfg.tokens / t).max(1);
         let dims = Dims {
@@ -310,13 +340,16 @@ pub fn bench_op(cfg: &OpBench, device: &Device) -> Result<String> {
             let bytes = elem
                 * (b * t * cfg.heads) as f64
                 * (2 * cfg.n + 2 * cfg.p + 1 + num_levels(t)) as f64;
-            out.push_str(&format!(
-                "| {form} | {t} | {b} | {} | {fwd:.2} | {bwd:.2} | {:.0} | {:.1} | {:.0} |\n",
-                if ones { "≡1" } else { "learned" },
-                (b * t) as f64 / (fwd / 1e3),
-                flops / (fwd / 1e3) / 1e12,
-                bytes / (fwd / 1e3) / 1e9
-            ));
+            emit(
+                &mut out,
+                &format!(
+                    "| {form} | {t} | {b} | {} | {fwd:.2} | {bwd:.2} | {:.0} | {:.1} | {:.0} |\n",
+                    if ones { "≡1" } else { "learned" },
+                    (b * t) as f64 / (fwd / 1e3),
+                    flops / (fwd / 1e3) / 1e12,
+                    bytes / (fwd / 1e3) / 1e9
+                ),
+            );
         }
     }
     Ok(out)
@@ -352,10 +385,14 @@ pub fn bench_decode(
     };
     let transformer = tconfig.init(0, device);
     let token = Tensor::<1, Int>::from_data(TensorData::new(vec![42i64], vec![1]), device);
-    let mut out = format!(
-        "decoding, batch 1, D = {d_model}, {layers} layers, {heads} heads × 64, vocab {vocab}, \
+    let mut out = String::new();
+    emit(
+        &mut out,
+        &format!(
+            "decoding, batch 1, D = {d_model}, {layers} layers, {heads} heads × 64, vocab {vocab}, \
          on {device:?}; median per-token latency over {steps} steps\n\n\
          | context | λ levels | log-linear ms/token | log-linear cache bytes | Transformer ms/token | KV cache bytes |\n|---|---|---|---|---|---|\n"
+        ),
     );
     for &c in contexts {
         let model = model_for(c);
@@ -388,9 +425,10 @@ pub fn bench_decode(
             let mut s = tstate.clone();
             let _ = transformer.step(token.clone(), &mut s);
         });
-        out.push_str(&format!(
-            "| {c} | {levels} | {ll:.3} | {bytes} | {tt:.3} | {tbytes} |\n"
-        ));
+        emit(
+            &mut out,
+            &format!("| {c} | {levels} | {ll:.3} | {bytes} | {tt:.3} | {tbytes} |\n"),
+        );
     }
     Ok(out)
 }
@@ -412,11 +450,15 @@ pub fn bench_train(
     use crate::model::{Model, masked_cross_entropy};
     use burn::optim::GradientsParams;
     let vocab = 50257;
-    let mut out = format!(
-        "training step (forward, loss, backward, AdamW), D = {d_model}, {layers} layers, T = {seq_len}, batch {batch}, \
+    let mut out = String::new();
+    emit(
+        &mut out,
+        &format!(
+            "training step (forward, loss, backward, AdamW), D = {d_model}, {layers} layers, T = {seq_len}, batch {batch}, \
          vocab {vocab}, precision {precision}, core op {form}, on {device:?}; median of {runs} steps \
          after 2 warm-up steps\n\n\
          | model | ms/step | tokens/s | params | memory reserved |\n|---|---|---|---|---|\n"
+        ),
     );
     let ad = device.clone().autodiff();
     for mode in modes {
@@ -461,10 +503,13 @@ pub fn bench_train(
         let reserved = device.memory_pool_usage().map_or("n/a".to_string(), |u| {
             format!("{:.2} GiB", u.bytes_reserved as f64 / (1u64 << 30) as f64)
         });
-        out.push_str(&format!(
-            "| {arch_name} | {ms:.1} | {:.0} | {params} | {reserved} |\n",
-            (batch * seq_len) as f64 / (ms / 1e3)
-        ));
+        emit(
+            &mut out,
+            &format!(
+                "| {arch_name} | {ms:.1} | {:.0} | {params} | {reserved} |\n",
+                (batch * seq_len) as f64 / (ms / 1e3)
+            ),
+        );
     }
     Ok(out)
 }

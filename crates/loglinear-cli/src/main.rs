@@ -409,7 +409,8 @@ fn run_viz(args: VizArgs) -> Result<()> {
 }
 
 fn run_bench(cmd: BenchCommand) -> Result<()> {
-    let table = match cmd {
+    // The bench functions print their report as they go (and return it for library callers).
+    let _report = match cmd {
         BenchCommand::Op {
             t,
             tokens,
@@ -471,7 +472,6 @@ fn run_bench(cmd: BenchCommand) -> Result<()> {
             &parse_device(&device)?,
         )?,
     };
-    print!("{table}");
     Ok(())
 }
 

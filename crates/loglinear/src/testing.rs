@@ -333,7 +333,10 @@ pub fn check_fused(
     }
     // Per-level dλ errors (relative to the largest dλ of all levels), to localise a failure.
     let (r, g) = (&reference.grads[4].1, &got.grads[4].1);
-    let scale = r.iter().fold(0f64, |m, x| m.max(x.abs())).max(f64::MIN_POSITIVE);
+    let scale = r
+        .iter()
+        .fold(0f64, |m, x| m.max(x.abs()))
+        .max(f64::MIN_POSITIVE);
     for (level, name) in LEVEL_NAMES.iter().enumerate().take(l) {
         let err = r
             .iter()

@@ -33,7 +33,11 @@ fn check_mixed(dims: Dims, dtype: DType, g_dtype: DType, tol: f64) {
     for (name, c) in results.into_iter().take(6) {
         if name == "dg" && dims.t == 1 {
             // Exactly 0 in the reference; the f32 cancellation leaves a tiny absolute error.
-            assert!(c.max_abs <= 1e-3, "{dims:?}: dg at T = 1 is {:.1e}", c.max_abs);
+            assert!(
+                c.max_abs <= 1e-3,
+                "{dims:?}: dg at T = 1 is {:.1e}",
+                c.max_abs
+            );
             continue;
         }
         assert!(
@@ -49,7 +53,14 @@ fn check_mixed(dims: Dims, dtype: DType, g_dtype: DType, tol: f64) {
 #[test]
 fn fused_matches_reference_at_awkward_lengths() {
     for t in [1, 7, 33, 70, 200] {
-        let dims = Dims { b: 2, t, h: 2, n: 16, p: 32, l: num_levels(t) };
+        let dims = Dims {
+            b: 2,
+            t,
+            h: 2,
+            n: 16,
+            p: 32,
+            l: num_levels(t),
+        };
         check(dims, DType::F32, 2e-5);
     }
 }
@@ -58,20 +69,41 @@ fn fused_matches_reference_at_awkward_lengths() {
 fn fused_matches_reference_for_widths_and_extra_levels() {
     for (n, p) in [(32, 16), (64, 48), (20, 36)] {
         // More λ slots than the sequence needs, as models allocate for their longest context.
-        let dims = Dims { b: 1, t: 150, h: 3, n, p, l: num_levels(150) + 2 };
+        let dims = Dims {
+            b: 1,
+            t: 150,
+            h: 3,
+            n,
+            p,
+            l: num_levels(150) + 2,
+        };
         check(dims, DType::F32, 2e-5);
     }
 }
 
 #[test]
 fn fused_handles_long_sequences_with_many_levels() {
-    let dims = Dims { b: 1, t: 1100, h: 1, n: 16, p: 16, l: num_levels(1100) };
+    let dims = Dims {
+        b: 1,
+        t: 1100,
+        h: 1,
+        n: 16,
+        p: 16,
+        l: num_levels(1100),
+    };
     check(dims, DType::F32, 5e-5);
 }
 
 #[test]
 fn fused_takes_half_precision_inputs() {
-    let dims = Dims { b: 1, t: 90, h: 2, n: 32, p: 32, l: num_levels(90) };
+    let dims = Dims {
+        b: 1,
+        t: 90,
+        h: 2,
+        n: 32,
+        p: 32,
+        l: num_levels(90),
+    };
     let mut checked = 0;
     for dtype in [DType::BF16, DType::F16] {
         if device().supports_dtype(dtype) {
@@ -87,5 +119,3 @@ fn fused_takes_half_precision_inputs() {
     assert!(checked > 0, "the device supports neither bf16 nor f16");
     eprintln!("half-precision dtypes checked on this device: {checked}");
 }
-
-

@@ -13,9 +13,9 @@
 //! Chunk `j` (of `C` tokens) sees earlier chunks through chunk levels `i ≥ 1` (token level
 //! `log2 C + i`): the pairs of chunk level `i` are keys in the first half and queries in the
 //! second half of an aligned period of `2^i` chunks. One accumulator per chunk level holds the
-//! current period's key half (causal) or query half (anticausal) as an `nk × pt` state in global
-//! scratch, with a lazy decay factor per level in shared memory (a multiply per chunk instead of
-//! a pass over the state). Decays are exponentials of in-chunk cumulative sums and of per-chunk
+//! current period's key half (causal) or query half (anticausal) as an `nk × pt` state in shared
+//! memory when all levels fit there (`smem_states`), else in global scratch, with a lazy decay
+//! factor per level in shared memory (a multiply per chunk instead of a pass over the state). Decays are exponentials of in-chunk cumulative sums and of per-chunk
 //! totals only, never of long differences. See `kernels/README.md` for the derivation.
 
 use cubecl::prelude::*;
@@ -68,6 +68,7 @@ pub fn causal_kernel<E: Float, G: Float>(
     #[comptime] levels: usize,
     #[comptime] nlev: usize,
     #[comptime] dl: bool,
+    #[comptime] smem_states: bool,
     #[define(E, G)] _dtypes: [ElemType; 2],
 ) {
     let bh = CUBE_POS_X as usize;
@@ -98,6 +99,13 @@ pub fn causal_kernel<E: Float, G: Float>(
     let mut kd = Shared::<[f32]>::new_slice(chunk);
     let mut eg = Shared::<[f32]>::new_slice(chunk);
     let mut scale = Shared::<[f32]>::new_slice(comptime!(nlev.max(1)));
+    // The level states: in shared memory when they fit (`smem_states`), else in the global
+    // scratch `states` (L2-resident at best).
+    let mut st = Shared::<[f32]>::new_slice(comptime!(if smem_states {
+        nlev.max(1) * nk * pt
+    } else {
+        1
+    }));
 
     if u < nlev {
         scale[u] = 1.0f32;
@@ -257,7 +265,11 @@ pub fn causal_kernel<E: Float, G: Float>(
                     tmp[r] = 0.0f32;
                 }
                 for n in 0..nk {
-                    let z = states[base + n * pt + pc];
+                    let z = if smem_states {
+                        st[lvi * level_size + n * pt + pc]
+                    } else {
+                        states[base + n * pt + pc]
+                    };
                     #[unroll]
                     for r in 0..rows_out {
                         tmp[r] += qs[(rbase + r * rstep) * qs_stride + n] * z;
@@ -281,8 +293,8 @@ pub fn causal_kernel<E: Float, G: Float>(
                         for p in 0..pt {
                             s += red[u * pt + p];
                         }
-                        out[(((tile * batch + bi) * seq + t) * heads + h) * levels + token_level] +=
-                            s;
+                        out[(((tile * batch + bi) * seq + t) * heads + h) * levels
+                            + token_level] += s;
                     }
                     sync_cube();
                 }
@@ -327,12 +339,19 @@ pub fn causal_kernel<E: Float, G: Float>(
                     for r in 0..rows_state {
                         let n = rbase + r * rstep;
                         if n < nk {
-                            let e = base + n * pt + pc;
+                            let e = n * pt + pc;
                             let mut old = 0.0f32;
-                            if !fresh {
-                                old = states[e] * f;
+                            if smem_states {
+                                if !fresh {
+                                    old = st[lvi * level_size + e] * f;
+                                }
+                                st[lvi * level_size + e] = old + ks[r];
+                            } else {
+                                if !fresh {
+                                    old = states[base + e] * f;
+                                }
+                                states[base + e] = old + ks[r];
                             }
-                            states[e] = old + ks[r];
                         }
                     }
                 }
@@ -373,6 +392,7 @@ pub fn anticausal_kernel<E: Float, G: Float>(
     #[comptime] pt: usize,
     #[comptime] levels: usize,
     #[comptime] nlev: usize,
+    #[comptime] smem_states: bool,
     #[define(E, G)] _dtypes: [ElemType; 2],
 ) {
     let bh = CUBE_POS_X as usize;
@@ -401,6 +421,13 @@ pub fn anticausal_kernel<E: Float, G: Float>(
     let mut kd = Shared::<[f32]>::new_slice(chunk);
     let mut eg = Shared::<[f32]>::new_slice(chunk);
     let mut scale = Shared::<[f32]>::new_slice(comptime!(nlev.max(1)));
+    // The level states: in shared memory when they fit (`smem_states`), else in the global
+    // scratch `states` (L2-resident at best).
+    let mut st = Shared::<[f32]>::new_slice(comptime!(if smem_states {
+        nlev.max(1) * nk * pt
+    } else {
+        1
+    }));
 
     if u < nlev {
         scale[u] = 1.0f32;
@@ -408,7 +435,11 @@ pub fn anticausal_kernel<E: Float, G: Float>(
     // A period whose later half lies past the end is read before anything was added to it.
     let mut idx = u;
     while idx < comptime!(nlev * nk * pt) {
-        states[state_base + idx] = 0.0f32;
+        if smem_states {
+            st[idx] = 0.0f32;
+        } else {
+            states[state_base + idx] = 0.0f32;
+        }
         idx += THREADS;
     }
     sync_storage();
@@ -526,7 +557,11 @@ pub fn anticausal_kernel<E: Float, G: Float>(
                     tmp[r] = 0.0f32;
                 }
                 for n in 0..nk {
-                    let z = states[base + n * pt + pc];
+                    let z = if smem_states {
+                        st[lvi * level_size + n * pt + pc]
+                    } else {
+                        states[base + n * pt + pc]
+                    };
                     #[unroll]
                     for r in 0..rows_out {
                         tmp[r] += qs[(rbase + r * rstep) * qs_stride + n] * z;
@@ -578,12 +613,19 @@ pub fn anticausal_kernel<E: Float, G: Float>(
                 for r in 0..rows_state {
                     let n = rbase + r * rstep;
                     if n < nk {
-                        let e = base + n * pt + pc;
+                        let e = n * pt + pc;
                         let mut old = 0.0f32;
-                        if !fresh {
-                            old = states[e] * f;
+                        if smem_states {
+                            if !fresh {
+                                old = st[lvi * level_size + e] * f;
+                            }
+                            st[lvi * level_size + e] = old + ks[r];
+                        } else {
+                            if !fresh {
+                                old = states[base + e] * f;
+                            }
+                            states[base + e] = old + ks[r];
                         }
-                        states[e] = old + ks[r];
                     }
                 }
             }

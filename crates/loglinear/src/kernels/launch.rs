@@ -4,7 +4,7 @@ use burn::backend::cubecl::dtype_to_storage_type;
 use burn::tensor::{DType, Shape};
 use burn_cubecl::CubeDevice;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
@@ -18,12 +18,33 @@ pub struct Plan {
     pub chunk: usize,
     /// Value columns per cube (16, 32 or 64).
     pub pt: usize,
+    /// Whether the level states live in shared memory (else in a global scratch buffer).
+    pub shared_states: bool,
+}
+
+/// Where the level states should live: `LOGLINEAR_FUSED_STATES=global` keeps them in global
+/// memory; otherwise shared memory is preferred wherever they fit (narrowing the value tile or
+/// the chunk as needed).
+fn prefer_shared_states() -> bool {
+    !matches!(
+        std::env::var("LOGLINEAR_FUSED_STATES").as_deref(),
+        Ok("global")
+    )
 }
 
 /// Shared memory (bytes) of one cube of the causal (`dl`: λ-gradient variant) or anticausal
 /// kernel; both have the same layout but for the λ-gradient buffers.
 pub fn shared_bytes(plan: Plan, nk: usize, levels: usize, nlev: usize, dl: bool) -> usize {
-    let Plan { chunk, pt } = plan;
+    let Plan {
+        chunk,
+        pt,
+        shared_states,
+    } = plan;
+    let states = if shared_states {
+        nlev.max(1) * nk * pt
+    } else {
+        1
+    };
     let extra = usize::from(dl);
     let floats = chunk * (nk + 1)
         + nk * chunk
@@ -32,6 +53,7 @@ pub fn shared_bytes(plan: Plan, nk: usize, levels: usize, nlev: usize, dl: bool)
         + chunk * levels
         + 4 * chunk
         + nlev.max(1)
+        + states
         + 2;
     4 * floats
 }
@@ -47,7 +69,11 @@ fn preferred_chunk() -> usize {
 }
 
 /// The largest tiles that fit `max_shared` bytes for a launch with key width `nk`, value width
-/// `width`, `levels` λ slots over `seq` tokens; `None` when nothing fits.
+/// `width`, `levels` λ slots over `seq` tokens; `None` when nothing fits. With `parallel =
+/// Some((cubes, sms))` (batch·heads and the device's multiprocessors), narrower value tiles are
+/// chosen while there would be fewer than two cubes per multiprocessor: each cube walks the
+/// whole sequence, so long sequences with few heads need the extra cubes more than they lose to
+/// recomputing the scores per tile.
 pub fn plan(
     nk: usize,
     width: usize,
@@ -55,23 +81,39 @@ pub fn plan(
     seq: usize,
     dl: bool,
     max_shared: usize,
+    parallel: Option<(usize, usize)>,
 ) -> Option<Plan> {
     let first = preferred_chunk();
-    let chunks = [first, 32, 16].into_iter().filter(|&c| c <= first);
-    for chunk in chunks {
-        let nlev = bitlen(seq.div_ceil(chunk).saturating_sub(1));
-        let widest = 64;
-        let mut pt = 16;
-        while pt < widest && pt < width {
-            pt *= 2;
-        }
-        while pt >= 16 {
-            // Every thread owns whole rows of the output tile: chunk·pt ≥ THREADS.
-            let plan = Plan { chunk, pt };
-            if chunk * pt >= THREADS && shared_bytes(plan, nk, levels, nlev, dl) <= max_shared {
-                return Some(plan);
+    let placements: &[bool] = if prefer_shared_states() {
+        &[true, false]
+    } else {
+        &[false]
+    };
+    for &shared_states in placements {
+        for chunk in [first, 32, 16].into_iter().filter(|&c| c <= first) {
+            let nlev = bitlen(seq.div_ceil(chunk).saturating_sub(1));
+            let mut pt = 16;
+            while pt < 64 && pt < width {
+                pt *= 2;
             }
-            pt /= 2;
+            while pt >= 16 {
+                // Every thread owns whole rows of the output tile: chunk·pt ≥ THREADS.
+                let plan = Plan {
+                    chunk,
+                    pt,
+                    shared_states,
+                };
+                let starved = parallel.is_some_and(|(cubes, sms)| {
+                    pt > 16 && chunk * pt / 2 >= THREADS && cubes * width.div_ceil(pt) < 2 * sms
+                });
+                if !starved
+                    && chunk * pt >= THREADS
+                    && shared_bytes(plan, nk, levels, nlev, dl) <= max_shared
+                {
+                    return Some(plan);
+                }
+                pt /= 2;
+            }
         }
     }
     None
@@ -88,7 +130,7 @@ pub fn supported(n: usize, p: usize, l: usize, t: usize, max_shared: usize) -> R
         ("dv", n, p, false),
     ];
     for (name, nk, width, dl) in launches {
-        if plan(nk, width, l, t, dl, max_shared).is_none() {
+        if plan(nk, width, l, t, dl, max_shared, None).is_none() {
             return Err(format!(
                 "no tile of the {name} kernel fits {max_shared} bytes of shared memory \
                  (key width {nk}, value width {width}, {l} λ levels)"
@@ -102,6 +144,19 @@ pub fn supported(n: usize, p: usize, l: usize, t: usize, max_shared: usize) -> R
 pub fn max_shared_memory(device: &CubeDevice) -> usize {
     device.client().properties().hardware.max_shared_memory_size
 }
+
+/// The multiprocessors of `device` (a guess of 1 where the runtime does not say).
+fn multiprocessors(device: &CubeDevice) -> usize {
+    device
+        .client()
+        .properties()
+        .hardware
+        .num_streaming_multiprocessors
+        .unwrap_or(1) as usize
+}
+
+// Outputs are allocated strictly contiguous: the runtime's default allocation may pad rows (a
+// `[.., L]` tensor with L = 9 gets a row pitch of 12), and the kernels index flat offsets.
 
 fn dims(a: &CubeTensor, c: &CubeTensor, lambda: &CubeTensor) -> [usize; 6] {
     let [b, t, h, nk] = a.meta.shape().dims::<4>();
@@ -125,7 +180,8 @@ pub fn causal(
     let dtype = a.dtype;
     let g_dtype = g.dtype;
     let max_shared = max_shared_memory(&device);
-    let plan = plan(nk, width, levels, t, dl, max_shared).unwrap_or_else(|| {
+    let parallel = Some((bs * h, multiprocessors(&device)));
+    let plan = plan(nk, width, levels, t, dl, max_shared, parallel).unwrap_or_else(|| {
         panic!("log_linear_fused: no tile fits (nk {nk}, width {width}, L {levels}, T {t})")
     });
     let tiles = width.div_ceil(plan.pt);
@@ -135,11 +191,20 @@ pub fn causal(
     } else {
         vec![bs, t, h, width]
     };
-    let out = empty_device_dtype(client.clone(), device.clone(), Shape::from(out_shape), DType::F32);
-    let states = empty_device_dtype(
+    let out = empty_device_contiguous_dtype(
+        client.clone(),
+        device.clone(),
+        Shape::from(out_shape),
+        DType::F32,
+    );
+    let states = empty_device_contiguous_dtype(
         client.clone(),
         device,
-        Shape::new([tiles * bs * h * nlev.max(1) * nk * plan.pt]),
+        Shape::new([if plan.shared_states {
+            1
+        } else {
+            tiles * bs * h * nlev.max(1) * nk * plan.pt
+        }]),
         DType::F32,
     );
     let c = into_contiguous(c);
@@ -166,6 +231,7 @@ pub fn causal(
         levels,
         nlev,
         dl,
+        plan.shared_states,
         [dtype_to_storage_type(dtype), dtype_to_storage_type(g_dtype)],
     );
     out
@@ -185,21 +251,26 @@ pub fn anticausal(
     let dtype = a.dtype;
     let g_dtype = g.dtype;
     let max_shared = max_shared_memory(&device);
-    let plan = plan(nk, width, levels, t, false, max_shared).unwrap_or_else(|| {
+    let parallel = Some((bs * h, multiprocessors(&device)));
+    let plan = plan(nk, width, levels, t, false, max_shared, parallel).unwrap_or_else(|| {
         panic!("log_linear_fused: no tile fits (nk {nk}, width {width}, L {levels}, T {t})")
     });
     let tiles = width.div_ceil(plan.pt);
     let nlev = bitlen(t.div_ceil(plan.chunk) - 1);
-    let out = empty_device_dtype(
+    let out = empty_device_contiguous_dtype(
         client.clone(),
         device.clone(),
         Shape::new([bs, t, h, width]),
         DType::F32,
     );
-    let states = empty_device_dtype(
+    let states = empty_device_contiguous_dtype(
         client.clone(),
         device,
-        Shape::new([tiles * bs * h * nlev.max(1) * nk * plan.pt]),
+        Shape::new([if plan.shared_states {
+            1
+        } else {
+            tiles * bs * h * nlev.max(1) * nk * plan.pt
+        }]),
         DType::F32,
     );
     anticausal_kernel::launch(
@@ -222,6 +293,7 @@ pub fn anticausal(
         plan.pt,
         levels,
         nlev,
+        plan.shared_states,
         [dtype_to_storage_type(dtype), dtype_to_storage_type(g_dtype)],
     );
     out

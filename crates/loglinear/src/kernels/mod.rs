@@ -113,7 +113,13 @@ impl LogLinearKernels for CubeBackend {
         let dl = Cb::float_sum_dim(dl_tiles, 0);
         let dl_shape = lambda.meta.shape().clone();
         let dl = Cb::float_reshape(dl, dl_shape);
-        let dv = launch::anticausal(k.clone(), q.clone(), grad.clone(), g.clone(), lambda.clone());
+        let dv = launch::anticausal(
+            k.clone(),
+            q.clone(),
+            grad.clone(),
+            g.clone(),
+            lambda.clone(),
+        );
         let lambda_all = lambda.clone();
         let dk = launch::anticausal(v.clone(), grad, q, g, lambda);
         // dΓ_t = dO_t·o_t − v_t·dv_t with dO_t·o_t = Σ_ℓ λ[t,ℓ] dλ[t,ℓ] (o is λ-weighted per
@@ -229,7 +235,10 @@ impl<B: Backend + LogLinearKernels, C: CheckpointStrategy> LogLinearKernels for 
 
 /// Whether `device` runs CubeCL kernels (directly or under autodiff).
 pub fn is_cube_device(device: &Device) -> bool {
-    matches!(device.clone().inner().as_dispatch(), DispatchDevice::Cube(_))
+    matches!(
+        device.clone().inner().as_dispatch(),
+        DispatchDevice::Cube(_)
+    )
 }
 
 /// The fused op on a CubeCL device, or why it cannot run there (the caller falls back to the
@@ -253,7 +262,9 @@ pub fn fused(x: &LogLinearInput) -> Result<Tensor<4>, String> {
     }
     for dt in [dtype, g_dtype] {
         if !matches!(dt, DType::F32 | DType::BF16 | DType::F16) {
-            return Err(format!("{dt:?} inputs (the kernels take f32, bf16 and f16)"));
+            return Err(format!(
+                "{dt:?} inputs (the kernels take f32, bf16 and f16)"
+            ));
         }
         if !x.device().supports_dtype(dt) {
             return Err(format!("{dt:?} inputs, which the device does not support"));

@@ -1,0 +1,46 @@
+//! The fused kernels with their level states in global memory (the placement used where the
+//! states do not fit in shared memory), against the float64 parallel form. A separate test
+//! binary because the placement is chosen per process (`LOGLINEAR_FUSED_STATES`).
+#![cfg(feature = "wgpu")]
+
+use burn::prelude::*;
+use burn::tensor::DType;
+use loglinear::fenwick::num_levels;
+use loglinear::ops::Dims;
+use loglinear::testing::check_fused;
+
+#[test]
+fn fused_with_global_states_matches_reference() {
+    // SAFETY: set before any kernel launches, in this process's only test.
+    unsafe { std::env::set_var("LOGLINEAR_FUSED_STATES", "global") };
+    let device = Device::wgpu(Default::default());
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1);
+    for (t, n, p) in [(1, 16, 16), (70, 32, 16), (200, 16, 48), (700, 16, 16)] {
+        let dims = Dims {
+            b: 2,
+            t,
+            h: 2,
+            n,
+            p,
+            l: num_levels(t),
+        };
+        let results = check_fused(&device, dims, DType::F32, DType::F32, seed + t as u64)
+            .unwrap_or_else(|why| panic!("{dims:?}: the kernels did not run: {why}"));
+        for (name, c) in results.into_iter().take(6) {
+            let ok = if name == "dg" && t == 1 {
+                c.max_abs <= 1e-3
+            } else {
+                c.max_rel <= 5e-5
+            };
+            assert!(
+                ok && !c.non_finite,
+                "{dims:?} seed {}: {name} {:.2e}",
+                seed + t as u64,
+                c.max_rel
+            );
+        }
+    }
+}
