@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine: scripts/gpu-run.sh STEP... where STEP is one of
-#   smoke | kernels | op | op-chunks | train | train-long | decode | mqar-timing
+#   smoke | kernels | op | op-fused | op-chunks | train | train-short | train-long | decode
+#   | mqar-timing
 #   | sweep:CONFIG:JOBS[:SET,SET...] | lm-eval:NAME
 # bin-gpu/loglinear.xz is built by scripts/build-gpu.sh and carried over; results go to $OUT.
 set -uo pipefail
@@ -22,7 +23,21 @@ smoke)
     ;;
 kernels)
     step "fused kernel checks"
-    timeout 240 $bin bench kernels --device cuda 2>&1 | tee "$out/bench_kernels.txt"
+    timeout 120 $bin bench kernels --device cuda 2>&1 | tee "$out/bench_kernels.txt"
+    ;;
+op-fused)
+    step "bench op bf16, fused, level states in shared memory (default)"
+    timeout 100 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused 2>&1 | tee "$out/bench_op_fused_bf16.txt"
+    step "bench op bf16, fused, level states in global memory"
+    LOGLINEAR_FUSED_STATES=global timeout 100 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused 2>&1 | tee "$out/bench_op_fused_bf16_global.txt"
+    step "bench op bf16, fused, chunk 64"
+    LOGLINEAR_FUSED_CHUNK=64 timeout 70 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused 2>&1 | tee "$out/bench_op_fused_bf16_c64.txt"
+    step "bench op f32, fused, λ learned and ≡ 1"
+    timeout 70 $bin bench op --device cuda --dtype f32 --runs 5 --forms fused --lambda-one 2>&1 | tee "$out/bench_op_fused_f32.txt"
+    ;;
+train-short)
+    step "bench train T=512 batch 64 (bf16, fused)"
+    timeout 110 $bin bench train --device cuda --runs 3 --modes linear,mlp_softplus,ones 2>&1 | tee "$out/bench_train_fused.txt"
     ;;
 op-chunks)
     for c in 16 64; do

@@ -171,8 +171,8 @@ enum BenchCommand {
         /// Compute precision: bf16 (mixed) or full.
         #[arg(long, default_value = "bf16")]
         precision: String,
-        /// Core-op form of the log-linear models: fused or chunked.
-        #[arg(long, default_value = "fused")]
+        /// Core-op form of the log-linear models: chunked or fused.
+        #[arg(long, default_value = "chunked")]
         form: String,
         /// Device: cpu, cuda[:N] or wgpu.
         #[arg(long, default_value = "cpu")]

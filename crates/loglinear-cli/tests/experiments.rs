@@ -25,6 +25,7 @@ d_model = 16
 d_state = 8
 head_dim = 8
 n_layers = 2
+form = "chunked"
 chunk = 4
 
 [train]

@@ -3,7 +3,8 @@
 //! Log-linear attention (Guo et al., arXiv 2506.04761) with adaptive memory decay, on Burn.
 //!
 //! * [`fenwick`]: the level structure (integer functions);
-//! * [`ops`]: the core op in its parallel, chunked and recurrent forms;
+//! * [`ops`]: the core op in its parallel, chunked and recurrent forms, and the fused form;
+//! * `kernels` (features `cuda`, `wgpu`): the fused CubeCL kernels behind `Form::Fused`;
 //! * [`nn`]: the log-linear Mamba-2 mixer, the λ modes and the language models, with decoding;
 //! * [`testing`]: an f64 plain-loop reference and comparison helpers.
 //!

@@ -270,6 +270,7 @@ pub fn nan_tailed<const D: usize>(
 }
 
 /// `values` rounded to `dtype` (and back to f64).
+#[cfg(feature = "kernels")]
 fn rounded(values: &[f64], dtype: DType) -> Vec<f64> {
     let t: Tensor<1> = Tensor::from_data(
         burn::tensor::TensorData::new(values.to_vec(), vec![values.len()]),

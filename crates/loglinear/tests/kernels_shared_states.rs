@@ -1,6 +1,6 @@
-//! The fused kernels with their level states in global memory (the placement used where the
-//! states do not fit in shared memory), against the float64 parallel form. A separate test
-//! binary because the placement is chosen per process (`LOGLINEAR_FUSED_STATES`).
+//! The fused kernels with their level states in shared memory (`LOGLINEAR_FUSED_STATES=shared`;
+//! the default keeps them in global memory), against the float64 parallel form. A separate test
+//! binary because the placement is chosen per process.
 #![cfg(feature = "wgpu")]
 
 use burn::prelude::*;
@@ -10,9 +10,9 @@ use loglinear::ops::Dims;
 use loglinear::testing::check_fused;
 
 #[test]
-fn fused_with_global_states_matches_reference() {
+fn fused_with_shared_states_matches_reference() {
     // SAFETY: set before any kernel launches, in this process's only test.
-    unsafe { std::env::set_var("LOGLINEAR_FUSED_STATES", "global") };
+    unsafe { std::env::set_var("LOGLINEAR_FUSED_STATES", "shared") };
     let device = Device::wgpu(Default::default());
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
