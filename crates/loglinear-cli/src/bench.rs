@@ -89,9 +89,23 @@ pub fn parse_form(name: &str, chunk: usize) -> Result<Form> {
 /// f64 parallel form on the CPU (B = 2, T = 512, H = 3).
 pub fn check_form(device: &Device, form: Form, dtype: DType, n: usize, p: usize) -> Result<f64> {
     match form {
-        Form::Chunked { chunk } => check_op(device, dtype, n, p, chunk),
-        Form::Fused => check_fused_op(device, dtype, n, p),
+        Form::Fused if has_kernels(device) => check_fused_op(device, dtype, n, p),
+        // Elsewhere the fused form is the chunked fallback: checked as any tensor form.
+        Form::Chunked { .. } | Form::Fused => check_op(device, form, dtype, n, p),
         other => bail!("no correctness check for the {other} form"),
+    }
+}
+
+/// Whether the fused kernels run on `device` (a build with kernels and a CubeCL device).
+fn has_kernels(device: &Device) -> bool {
+    #[cfg(feature = "kernels")]
+    {
+        loglinear::kernels::is_cube_device(device)
+    }
+    #[cfg(not(feature = "kernels"))]
+    {
+        let _ = device;
+        false
     }
 }
 
@@ -118,8 +132,8 @@ fn check_fused_op(device: &Device, dtype: DType, n: usize, p: usize) -> Result<f
 }
 
 #[cfg(not(feature = "kernels"))]
-fn check_fused_op(_device: &Device, _dtype: DType, _n: usize, _p: usize) -> Result<f64> {
-    bail!("the fused form needs a build with kernels (`--features cuda` or `--features wgpu`)")
+fn check_fused_op(device: &Device, dtype: DType, n: usize, p: usize) -> Result<f64> {
+    check_op(device, Form::Fused, dtype, n, p)
 }
 
 /// A seed that differs between runs, so checks draw fresh inputs each time (printed with the
@@ -216,7 +230,7 @@ pub fn bench_kernels(device: &Device) -> Result<String> {
 
 /// Checks the chunked form on `device` against the f64 parallel form on the CPU (T = 512,
 /// a few heads), outputs and all gradients; returns the worst relative error.
-pub fn check_op(device: &Device, dtype: DType, n: usize, p: usize, chunk: usize) -> Result<f64> {
+pub fn check_op(device: &Device, form: Form, dtype: DType, n: usize, p: usize) -> Result<f64> {
     let dims = Dims {
         b: 2,
         t: 512,
@@ -233,12 +247,12 @@ pub fn check_op(device: &Device, dtype: DType, n: usize, p: usize, chunk: usize)
     let ad = device.clone().autodiff();
     let xd = host.to_input(dtype, &ad);
     let dod = Tensor::<4>::from_data(d_o.to_data(), (&ad, dtype));
-    let got = loglinear::testing::run_with_grads(&xd, &dod, Form::Chunked { chunk }, None);
+    let got = loglinear::testing::run_with_grads(&xd, &dod, form, None);
     let mut worst = closeness(&reference.o, &got.o).max_rel;
     for ((name, r), (_, g)) in reference.grads.iter().zip(&got.grads) {
         let c = closeness(r, g);
         if c.non_finite || g.iter().all(|v| *v == 0.0) {
-            bail!("chunked form on {device:?}: {name} is non-finite or zero");
+            bail!("{form} form on {device:?}: {name} is non-finite or zero");
         }
         worst = worst.max(c.max_rel);
     }
@@ -327,9 +341,16 @@ pub fn bench_op(cfg: &OpBench, device: &Device) -> Result<String> {
                 let o = log_linear_attn(&xa, form, None, false).o;
                 let _ = o.sum().backward();
             });
+            let fallback = form == Form::Fused && !has_kernels(device);
             let chunk = match form {
                 Form::Chunked { chunk } => chunk,
+                _ if fallback => 64,
                 _ => 32,
+            };
+            let label = if fallback {
+                "fused (chunked fallback)".to_string()
+            } else {
+                form.to_string()
             };
             let flops = chunked_flops(b, t, cfg.heads, cfg.n, cfg.p, chunk);
             let elem = match cfg.dtype {
@@ -343,7 +364,7 @@ pub fn bench_op(cfg: &OpBench, device: &Device) -> Result<String> {
             emit(
                 &mut out,
                 &format!(
-                    "| {form} | {t} | {b} | {} | {fwd:.2} | {bwd:.2} | {:.0} | {:.1} | {:.0} |\n",
+                    "| {label} | {t} | {b} | {} | {fwd:.2} | {bwd:.2} | {:.0} | {:.1} | {:.0} |\n",
                     if ones { "≡1" } else { "learned" },
                     (b * t) as f64 / (fwd / 1e3),
                     flops / (fwd / 1e3) / 1e12,

@@ -1,0 +1,35 @@
+//! `loglinear bench op` on the CPU: correctness first, then one row per form and length; the
+//! fused form is the chunked fallback here and says so.
+
+use burn::prelude::*;
+use burn::tensor::DType;
+use loglinear::ops::Form;
+use loglinear_cli::bench::{OpBench, bench_op, parse_form};
+
+#[test]
+fn bench_op_checks_then_times_each_form_on_the_cpu() {
+    let cfg = OpBench {
+        lengths: vec![64, 96],
+        tokens: 128,
+        heads: 2,
+        n: 8,
+        p: 8,
+        chunk: 16,
+        dtype: DType::F32,
+        runs: 1,
+        lambda_one: true,
+        forms: vec![parse_form("fused", 16).unwrap(), parse_form("chunked", 16).unwrap()],
+    };
+    let report = bench_op(&cfg, &Device::flex()).unwrap();
+    assert!(report.contains("correctness: fused"), "{report}");
+    assert!(report.contains("correctness: chunked(C=16)"), "{report}");
+    for row in [
+        "| fused (chunked fallback) | 64 | 2 | learned |",
+        "| fused (chunked fallback) | 96 | 1 | ≡1 |",
+        "| chunked(C=16) | 96 | 1 | learned |",
+    ] {
+        assert!(report.contains(row), "missing {row:?} in\n{report}");
+    }
+    assert!(parse_form("fast", 16).is_err());
+    assert_eq!(parse_form("parallel", 16).unwrap(), Form::Parallel);
+}
