@@ -1,4 +1,4 @@
-//! The two CubeCL kernels of the fused op and their launchers.
+//! The two CubeCL kernels of the fused op (launched from `launch.rs`).
 //!
 //! Both kernels walk the sequence chunk by chunk inside one cube per (batch·head, value tile),
 //! so every input is read once and the O(log T) level states never leave the cube's reach
@@ -13,10 +13,11 @@
 //! Chunk `j` (of `C` tokens) sees earlier chunks through chunk levels `i ≥ 1` (token level
 //! `log2 C + i`): the pairs of chunk level `i` are keys in the first half and queries in the
 //! second half of an aligned period of `2^i` chunks. One accumulator per chunk level holds the
-//! current period's key half (causal) or query half (anticausal) as an `nk × pt` state in shared
-//! memory when all levels fit there (`smem_states`), else in global scratch, with a lazy decay
-//! factor per level in shared memory (a multiply per chunk instead of a pass over the state). Decays are exponentials of in-chunk cumulative sums and of per-chunk
-//! totals only, never of long differences. See `kernels/README.md` for the derivation.
+//! current period's key half (causal) or query half (anticausal) as an `nk × pt` state, in a
+//! global scratch buffer or (`smem_states`) in shared memory, with a lazy decay factor per level
+//! in shared memory (a multiply per chunk instead of a pass over the state). Decays are
+//! exponentials of in-chunk cumulative sums and of per-chunk totals only, never of long
+//! differences. See `kernels/README.md` for the derivation.
 
 use cubecl::prelude::*;
 
@@ -44,8 +45,9 @@ fn row(b: usize, t: usize, h: usize, seq: usize, heads: usize, width: usize) -> 
 /// The causal kernel (forward op, `dq`, and with `dl` the λ gradient).
 ///
 /// Shapes: `a, b: [B, T, H, nk]`, `c, w: [B, T, H, width]` (dtype `E`), `g: [B, T, H]`,
-/// `lambda: [B, T, H, levels]` (dtype `G`, f32 under mixed precision); `out: [B, T, H, width]` (f32), or with `dl`
-/// `[tiles, B, T, H, levels]`; `states`: `tiles·B·H·nlev·nk·pt` f32 scratch.
+/// `lambda: [B, T, H, levels]` (dtype `G`, f32 under mixed precision), all contiguous;
+/// `out: [B, T, H, width]` (f32), or with `dl` `[tiles, B, T, H, levels]`; `states`:
+/// `tiles·B·H·nlev·nk·pt` f32 scratch (one element with `smem_states`).
 /// Grid `(B·H, tiles)`, [`THREADS`] units.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]

@@ -24,8 +24,9 @@ pub struct Plan {
 
 /// Where the level states live: `LOGLINEAR_FUSED_STATES=shared` keeps them in shared memory where
 /// they fit (narrowing the value tile or the chunk as needed); by default they live in a global
-/// scratch buffer. Measured on the H200 (bench/RESULTS.md), global states with wide tiles and
-/// four cubes per multiprocessor beat shared states with narrow tiles and one cube by 1.4–1.6×.
+/// scratch buffer. Measured on the H200 (bench/RESULTS.md): global states with wide tiles and
+/// room for four cubes per multiprocessor beat shared states with narrow tiles and one cube by
+/// 1.2–1.6×.
 fn prefer_shared_states() -> bool {
     matches!(
         std::env::var("LOGLINEAR_FUSED_STATES").as_deref(),
