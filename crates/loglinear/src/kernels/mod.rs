@@ -94,6 +94,8 @@ impl LogLinearKernels for CubeBackend {
         let dtype = q.dtype;
         let g_dtype = g.dtype;
         let shape = g.meta.shape().clone();
+        // The kernels read a, b, c (and w) in one dtype: the gradient must match q, k, v.
+        let grad = cast(grad, dtype);
         let dq = launch::causal(
             grad.clone(),
             v.clone(),
