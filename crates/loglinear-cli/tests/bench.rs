@@ -18,7 +18,10 @@ fn bench_op_checks_then_times_each_form_on_the_cpu() {
         dtype: DType::F32,
         runs: 1,
         lambda_one: true,
-        forms: vec![parse_form("fused", 16).unwrap(), parse_form("chunked", 16).unwrap()],
+        forms: vec![
+            parse_form("fused", 16).unwrap(),
+            parse_form("chunked", 16).unwrap(),
+        ],
     };
     let report = bench_op(&cfg, &Device::flex()).unwrap();
     assert!(report.contains("correctness: fused"), "{report}");

@@ -42,6 +42,90 @@ fn row(b: usize, t: usize, h: usize, seq: usize, heads: usize, width: usize) -> 
     ((b * seq + t) * heads + h) * width
 }
 
+/// Loads a chunk's `a` rows (padded to `nk + 1`), `b` transposed and λ into shared memory (zero
+/// past the end of the sequence), then its decays: `γ` (in-chunk inclusive cumsum of `g`),
+/// `kd = e^{γ_last − γ}` and `eg = e^{γ}`. Ends with a barrier, so every shared buffer written
+/// before the call (the value tile) is visible too.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn load_chunk<E: Float, G: Float>(
+    a: &Tensor<E>,
+    b: &Tensor<E>,
+    g: &Tensor<G>,
+    lambda: &Tensor<G>,
+    qs: &mut Shared<[f32]>,
+    kt: &mut Shared<[f32]>,
+    lam: &mut Shared<[f32]>,
+    graw: &mut Shared<[f32]>,
+    gam: &mut Shared<[f32]>,
+    kd: &mut Shared<[f32]>,
+    eg: &mut Shared<[f32]>,
+    u: usize,
+    t0: usize,
+    bi: usize,
+    h: usize,
+    seq: usize,
+    heads: usize,
+    #[comptime] chunk: usize,
+    #[comptime] nk: usize,
+    #[comptime] levels: usize,
+) {
+    let qs_stride = comptime!(nk + 1);
+    let mut idx = u;
+    while idx < comptime!(chunk * nk) {
+        let i = idx / nk;
+        let n = idx % nk;
+        let t = t0 + i;
+        let mut av = 0.0f32;
+        let mut bv = 0.0f32;
+        if t < seq {
+            let off = row(bi, t, h, seq, heads, nk) + n;
+            av = f32::cast_from(a[off]);
+            bv = f32::cast_from(b[off]);
+        }
+        qs[i * qs_stride + n] = av;
+        kt[n * chunk + i] = bv;
+        idx += THREADS;
+    }
+    idx = u;
+    while idx < comptime!(chunk * levels) {
+        let t = t0 + idx / levels;
+        let mut lv = 0.0f32;
+        if t < seq {
+            lv = f32::cast_from(lambda[row(bi, t, h, seq, heads, levels) + idx % levels]);
+        }
+        lam[idx] = lv;
+        idx += THREADS;
+    }
+    if u < chunk {
+        let t = t0 + u;
+        let mut gv = 0.0f32;
+        if t < seq {
+            gv = f32::cast_from(g[(bi * seq + t) * heads + h]);
+        }
+        graw[u] = gv;
+    }
+    sync_cube();
+    // (2) In-chunk cumulative decay γ, e^{γ_last − γ_i} (key decay), e^{γ_i} (query decay).
+    if u < chunk {
+        // Each of the first `chunk` units sums its own prefix (and the total): no serial
+        // section, one barrier.
+        let mut prefix = 0.0f32;
+        let mut total = 0.0f32;
+        for i in 0..chunk {
+            let gi = graw[i];
+            total += gi;
+            if i <= u {
+                prefix += gi;
+            }
+        }
+        gam[u] = prefix;
+        kd[u] = (total - prefix).exp();
+        eg[u] = prefix.exp();
+    }
+    sync_cube();
+}
+
 /// The causal kernel (forward op, `dq`, and with `dl` the λ gradient).
 ///
 /// Shapes: `a, b: [B, T, H, nk]`, `c, w: [B, T, H, width]` (dtype `E`), `g: [B, T, H]`,
@@ -118,24 +202,8 @@ pub fn causal_kernel<E: Float, G: Float>(
 
     for j in 0..n_chunks {
         let t0 = j * chunk;
-        // (1) Load the chunk: a row-major (padded rows), b transposed, the value tile, λ, g.
+        // (1) Load the chunk (the value tile here, the rest in `load_chunk`) and (2) its decays.
         let mut idx = u;
-        while idx < comptime!(chunk * nk) {
-            let i = idx / nk;
-            let n = idx % nk;
-            let t = t0 + i;
-            let mut av = 0.0f32;
-            let mut bv = 0.0f32;
-            if t < seq {
-                let off = row(bi, t, h, seq, heads, nk) + n;
-                av = f32::cast_from(a[off]);
-                bv = f32::cast_from(b[off]);
-            }
-            qs[i * qs_stride + n] = av;
-            kt[n * chunk + i] = bv;
-            idx += THREADS;
-        }
-        idx = u;
         while idx < comptime!(chunk * pt) {
             let i = idx / pt;
             let p = p0 + idx % pt;
@@ -155,43 +223,10 @@ pub fn causal_kernel<E: Float, G: Float>(
             }
             idx += THREADS;
         }
-        idx = u;
-        while idx < comptime!(chunk * levels) {
-            let t = t0 + idx / levels;
-            let mut lv = 0.0f32;
-            if t < seq {
-                lv = f32::cast_from(lambda[row(bi, t, h, seq, heads, levels) + idx % levels]);
-            }
-            lam[idx] = lv;
-            idx += THREADS;
-        }
-        if u < chunk {
-            let t = t0 + u;
-            let mut gv = 0.0f32;
-            if t < seq {
-                gv = f32::cast_from(g[(bi * seq + t) * heads + h]);
-            }
-            graw[u] = gv;
-        }
-        sync_cube();
-        // (2) In-chunk cumulative decay γ, e^{γ_last − γ_i} (key decay), e^{γ_i} (query decay).
-        if u < chunk {
-            // Each of the first `chunk` units sums its own prefix (and the total): no serial
-            // section, one barrier.
-            let mut prefix = 0.0f32;
-            let mut total = 0.0f32;
-            for i in 0..chunk {
-                let gi = graw[i];
-                total += gi;
-                if i <= u {
-                    prefix += gi;
-                }
-            }
-            gam[u] = prefix;
-            kd[u] = (total - prefix).exp();
-            eg[u] = prefix.exp();
-        }
-        sync_cube();
+        load_chunk::<E, G>(
+            a, b, g, lambda, &mut qs, &mut kt, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u,
+            t0, bi, h, seq, heads, chunk, nk, levels,
+        );
         // (3) Intra-chunk scores, causal: (a_i·b_j) e^{γi−γj} λ[i, ℓ(i,j)]; with dl, the
         // λ-free score times (w_i·c_j) over this value tile.
         let si = u / sj;
@@ -453,22 +488,6 @@ pub fn anticausal_kernel<E: Float, G: Float>(
         let j = n_chunks - 1 - step;
         let t0 = j * chunk;
         let mut idx = u;
-        while idx < comptime!(chunk * nk) {
-            let i = idx / nk;
-            let n = idx % nk;
-            let t = t0 + i;
-            let mut av = 0.0f32;
-            let mut bv = 0.0f32;
-            if t < seq {
-                let off = row(bi, t, h, seq, heads, nk) + n;
-                av = f32::cast_from(a[off]);
-                bv = f32::cast_from(b[off]);
-            }
-            qs[i * qs_stride + n] = av;
-            kt[n * chunk + i] = bv;
-            idx += THREADS;
-        }
-        idx = u;
         while idx < comptime!(chunk * pt) {
             let i = idx / pt;
             let p = p0 + idx % pt;
@@ -480,42 +499,10 @@ pub fn anticausal_kernel<E: Float, G: Float>(
             vs[idx] = cv;
             idx += THREADS;
         }
-        idx = u;
-        while idx < comptime!(chunk * levels) {
-            let t = t0 + idx / levels;
-            let mut lv = 0.0f32;
-            if t < seq {
-                lv = f32::cast_from(lambda[row(bi, t, h, seq, heads, levels) + idx % levels]);
-            }
-            lam[idx] = lv;
-            idx += THREADS;
-        }
-        if u < chunk {
-            let t = t0 + u;
-            let mut gv = 0.0f32;
-            if t < seq {
-                gv = f32::cast_from(g[(bi * seq + t) * heads + h]);
-            }
-            graw[u] = gv;
-        }
-        sync_cube();
-        if u < chunk {
-            // Each of the first `chunk` units sums its own prefix (and the total): no serial
-            // section, one barrier.
-            let mut prefix = 0.0f32;
-            let mut total = 0.0f32;
-            for i in 0..chunk {
-                let gi = graw[i];
-                total += gi;
-                if i <= u {
-                    prefix += gi;
-                }
-            }
-            gam[u] = prefix;
-            kd[u] = (total - prefix).exp();
-            eg[u] = prefix.exp();
-        }
-        sync_cube();
+        load_chunk::<E, G>(
+            a, b, g, lambda, &mut qs, &mut kt, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u,
+            t0, bi, h, seq, heads, chunk, nk, levels,
+        );
         // Intra-chunk scores, anticausal: (a_i·b_j) e^{γj−γi} λ[j, ℓ(i,j)] for j ≥ i.
         let si = u / sj;
         #[unroll]
