@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine: scripts/gpu-run.sh STEP... where STEP is one of
-#   smoke | kernels | op | op-fused | op-chunks | train | train-short | train-long | decode
+#   smoke | commands | kernels | op | op-fused | op-chunks | op-long | op-chunked | train | train-short
+#   | train-long | train-32k | decode
 #   | mqar-timing
 #   | sweep:CONFIG:JOBS[:SET,SET...] | lm-eval:NAME
 # bin-gpu/loglinear.xz is built by scripts/build-gpu.sh and carried over; results go to $OUT.
@@ -44,6 +45,31 @@ op-chunks)
         step "bench op bf16, fused, chunk $c"
         LOGLINEAR_FUSED_CHUNK=$c timeout 150 $bin bench op --device cuda --dtype bf16 --runs 10 --forms fused 2>&1 | tee "$out/bench_op_bf16_c$c.txt"
     done
+    ;;
+op-long)
+    step "bench op bf16, fused, T = 32768 (B = 4) and 131072 (B = 1), λ learned and ≡ 1"
+    timeout 300 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 32768,131072 --lambda-one 2>&1 | tee "$out/bench_op_fused_long.txt"
+    ;;
+op-chunked)
+    step "bench op bf16, chunked tensor form"
+    timeout 150 $bin bench op --device cuda --dtype bf16 --runs 5 --forms chunked --t 2048,8192,32768 2>&1 | tee "$out/bench_op_chunked_bf16.txt"
+    ;;
+train-32k)
+    step "bench train T=32768 batch 1 (bf16, fused), λ modes"
+    timeout 200 $bin bench train --device cuda --runs 3 --seq-len 32768 --batch 1 --form fused --modes linear,mlp_softplus,ones 2>&1 | tee "$out/bench_train_32k.txt"
+    step "bench train T=32768 batch 1, softmax Transformer"
+    timeout 120 $bin bench train --device cuda --runs 3 --seq-len 32768 --batch 1 --modes transformer 2>&1 | tail -5 | tee "$out/bench_train_32k_transformer.txt"
+    ;;
+commands)
+    step "every command on --device cuda"
+    d=/tmp/cmds; rm -rf $d; mkdir -p $d
+    timeout 120 $bin train experiments/mqar_tiny.toml --device cuda --out $d/tiny --set train.steps=40 2>&1 | tail -1
+    timeout 60 $bin eval $d/tiny --device cuda --set task.seq_len=128 2>&1 | tail -1
+    timeout 60 $bin viz $d/tiny --out $d/viz 2>&1 | tail -1; ls $d/viz | head -3
+    timeout 200 $bin sweep experiments/demo.toml --device cuda --jobs 2 --out $d/sweep --set train.steps=20 2>&1 | tail -3
+    timeout 120 $bin train experiments/lm_cpu.toml --device cuda --out $d/lm --set train.steps=20 --set eval.every=20 2>&1 | tail -1
+    timeout 60 $bin generate --run $d/lm --prompt "The state of the union" --max-tokens 20 --device cuda 2>&1 | tail -2
+    timeout 60 $bin bench decode --device cuda --contexts 1024 --steps 5 2>&1 | tail -2
     ;;
 train-long)
     step "bench train T=8192 batch 4"

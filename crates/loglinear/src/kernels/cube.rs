@@ -26,7 +26,7 @@ pub const THREADS: usize = 256;
 
 /// Number of bits of `x` (`bitlen(0) = 0`), the level of a pair at distance pattern `x = t ^ s`.
 #[cube]
-fn bitlen(x: usize) -> usize {
+pub fn bitlen(x: usize) -> usize {
     let mut n = 0usize;
     let mut y = x;
     while y > 0 {
@@ -38,17 +38,17 @@ fn bitlen(x: usize) -> usize {
 
 /// Flat offset of token `t` of (batch `b`, head `h`) in a `[B, T, H, width]` tensor.
 #[cube]
-fn row(b: usize, t: usize, h: usize, seq: usize, heads: usize, width: usize) -> usize {
+pub fn row(b: usize, t: usize, h: usize, seq: usize, heads: usize, width: usize) -> usize {
     ((b * seq + t) * heads + h) * width
 }
 
-/// Loads a chunk's `a` rows (padded to `nk + 1`), `b` transposed and λ into shared memory (zero
+/// Loads a chunk's `a` rows (padded to `nk + 1`), `b` transposed (rows of `kt_stride`) and λ into shared memory (zero
 /// past the end of the sequence), then its decays: `γ` (in-chunk inclusive cumsum of `g`),
 /// `kd = e^{γ_last − γ}` and `eg = e^{γ}`. Ends with a barrier, so every shared buffer written
 /// before the call (the value tile) is visible too.
 #[allow(clippy::too_many_arguments)]
 #[cube]
-fn load_chunk<E: Float, G: Float>(
+pub fn load_chunk<E: Float, G: Float>(
     a: &Tensor<E>,
     b: &Tensor<E>,
     g: &Tensor<G>,
@@ -67,6 +67,7 @@ fn load_chunk<E: Float, G: Float>(
     seq: usize,
     heads: usize,
     #[comptime] chunk: usize,
+    #[comptime] kt_stride: usize,
     #[comptime] nk: usize,
     #[comptime] levels: usize,
 ) {
@@ -84,7 +85,7 @@ fn load_chunk<E: Float, G: Float>(
             bv = f32::cast_from(b[off]);
         }
         qs[i * qs_stride + n] = av;
-        kt[n * chunk + i] = bv;
+        kt[n * kt_stride + i] = bv;
         idx += THREADS;
     }
     idx = u;
@@ -225,7 +226,7 @@ pub fn causal_kernel<E: Float, G: Float>(
         }
         load_chunk::<E, G>(
             a, b, g, lambda, &mut qs, &mut kt, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u,
-            t0, bi, h, seq, heads, chunk, nk, levels,
+            t0, bi, h, seq, heads, chunk, chunk, nk, levels,
         );
         // (3) Intra-chunk scores, causal: (a_i·b_j) e^{γi−γj} λ[i, ℓ(i,j)]; with dl, the
         // λ-free score times (w_i·c_j) over this value tile.
@@ -501,7 +502,7 @@ pub fn anticausal_kernel<E: Float, G: Float>(
         }
         load_chunk::<E, G>(
             a, b, g, lambda, &mut qs, &mut kt, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u,
-            t0, bi, h, seq, heads, chunk, nk, levels,
+            t0, bi, h, seq, heads, chunk, chunk, nk, levels,
         );
         // Intra-chunk scores, anticausal: (a_i·b_j) e^{γj−γi} λ[j, ℓ(i,j)] for j ≥ i.
         let si = u / sj;

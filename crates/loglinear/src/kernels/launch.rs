@@ -8,6 +8,7 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
+use super::backward::{anticausal_backward_kernel, causal_backward_kernel, key_lanes};
 use super::cube::{THREADS, anticausal_kernel, causal_kernel};
 use crate::fenwick::bitlen;
 
@@ -138,6 +139,12 @@ pub fn supported(n: usize, p: usize, l: usize, t: usize, max_shared: usize) -> R
                  (key width {nk}, value width {width}, {l} λ levels)"
             ));
         }
+    }
+    if plan_backward(n, p, l, t, max_shared, None).is_none() {
+        return Err(format!(
+            "no tile of the backward kernels fits {max_shared} bytes of shared memory \
+             (key width {n}, value width {p}, {l} λ levels)"
+        ));
     }
     Ok(())
 }
@@ -299,4 +306,153 @@ pub fn anticausal(
         [dtype_to_storage_type(dtype), dtype_to_storage_type(g_dtype)],
     );
     out
+}
+
+/// Shared memory (bytes) of one cube of the causal (`causal`) or anticausal backward kernel.
+pub fn backward_shared_bytes(
+    chunk: usize,
+    pt: usize,
+    nk: usize,
+    levels: usize,
+    nlev: usize,
+    causal: bool,
+) -> usize {
+    let red = if causal { chunk * key_lanes(nk) } else { 0 };
+    let floats = chunk * (nk + 1)
+        + nk * (chunk + 1)
+        + 2 * chunk * (pt + 1)
+        + 2 * chunk * chunk
+        + chunk * levels
+        + red
+        + 4 * chunk
+        + nlev.max(1);
+    4 * floats
+}
+
+/// The largest tiles of the backward kernels (states always in global scratch) that fit
+/// `max_shared` bytes; as [`plan`] otherwise.
+pub fn plan_backward(
+    nk: usize,
+    width: usize,
+    levels: usize,
+    seq: usize,
+    max_shared: usize,
+    parallel: Option<(usize, usize)>,
+) -> Option<Plan> {
+    let first = preferred_chunk();
+    for chunk in [first, 32, 16].into_iter().filter(|&c| c <= first) {
+        let nlev = bitlen(seq.div_ceil(chunk).saturating_sub(1));
+        let mut pt = 16;
+        while pt < 64 && pt < width {
+            pt *= 2;
+        }
+        while pt >= 16 {
+            let starved = parallel.is_some_and(|(cubes, sms)| {
+                pt > 16 && chunk * pt / 2 >= THREADS && cubes * width.div_ceil(pt) < 2 * sms
+            });
+            let fits = [true, false].into_iter().all(|causal| {
+                backward_shared_bytes(chunk, pt, nk, levels, nlev, causal) <= max_shared
+            });
+            if !starved && chunk * pt >= THREADS && fits {
+                return Some(Plan {
+                    chunk,
+                    pt,
+                    shared_states: false,
+                });
+            }
+            pt /= 2;
+        }
+    }
+    None
+}
+
+/// The fused backward's two launches: `(dq, dλ, dk)` per value tile (f32 `[tiles, B, T, H, N]`,
+/// `[tiles, B, T, H, L]`, `[tiles, B, T, H, N]`, summed by the caller) and `dv` (f32
+/// `[B, T, H, P]`), from the inputs and the output gradient `d_o` (dtype of `q`).
+pub fn backward(
+    q: CubeTensor,
+    k: CubeTensor,
+    v: CubeTensor,
+    g: CubeTensor,
+    lambda: CubeTensor,
+    d_o: CubeTensor,
+) -> (CubeTensor, CubeTensor, CubeTensor, CubeTensor) {
+    let [bs, t, h, nk, width, levels] = dims(&q, &v, &lambda);
+    let client = q.client.clone();
+    let device = q.device.clone();
+    let dtype = q.dtype;
+    let g_dtype = g.dtype;
+    let max_shared = max_shared_memory(&device);
+    let parallel = Some((bs * h, multiprocessors(&device)));
+    let plan = plan_backward(nk, width, levels, t, max_shared, parallel).unwrap_or_else(|| {
+        panic!("log_linear_fused backward: no tile fits (N {nk}, P {width}, L {levels}, T {t})")
+    });
+    let tiles = width.div_ceil(plan.pt);
+    let nlev = bitlen(t.div_ceil(plan.chunk) - 1);
+    let alloc = |shape: Vec<usize>| {
+        empty_device_contiguous_dtype(
+            client.clone(),
+            device.clone(),
+            Shape::from(shape),
+            DType::F32,
+        )
+    };
+    let dq = alloc(vec![tiles, bs, t, h, nk]);
+    let dl = alloc(vec![tiles, bs, t, h, levels]);
+    let dk = alloc(vec![tiles, bs, t, h, nk]);
+    let dv = alloc(vec![bs, t, h, width]);
+    // One scratch serves both launches (they run one after the other on the stream).
+    let states = alloc(vec![tiles * bs * h * nlev.max(1) * nk * plan.pt]);
+    let [q, k, v, g, lambda, d_o] = [q, k, v, g, lambda, d_o].map(into_contiguous);
+    let dtypes = [dtype_to_storage_type(dtype), dtype_to_storage_type(g_dtype)];
+    let cubes = CubeCount::Static((bs * h) as u32, tiles as u32, 1);
+    causal_backward_kernel::launch(
+        &client,
+        cubes.clone(),
+        CubeDim::new_1d(THREADS as u32),
+        q.clone().into_tensor_arg(),
+        k.clone().into_tensor_arg(),
+        v.clone().into_tensor_arg(),
+        d_o.clone().into_tensor_arg(),
+        g.clone().into_tensor_arg(),
+        lambda.clone().into_tensor_arg(),
+        dq.clone().into_tensor_arg(),
+        dl.clone().into_tensor_arg(),
+        states.clone().into_tensor_arg(),
+        bs,
+        t,
+        h,
+        width,
+        plan.chunk,
+        nk,
+        plan.pt,
+        levels,
+        nlev,
+        dtypes,
+    );
+    anticausal_backward_kernel::launch(
+        &client,
+        cubes,
+        CubeDim::new_1d(THREADS as u32),
+        q.into_tensor_arg(),
+        k.into_tensor_arg(),
+        v.into_tensor_arg(),
+        d_o.into_tensor_arg(),
+        g.into_tensor_arg(),
+        lambda.into_tensor_arg(),
+        dk.clone().into_tensor_arg(),
+        dv.clone().into_tensor_arg(),
+        states.into_tensor_arg(),
+        bs,
+        t,
+        h,
+        width,
+        plan.chunk,
+        nk,
+        plan.pt,
+        levels,
+        nlev,
+        dtypes,
+    );
+    (dq, dl, dk, dv)
 }

@@ -12,6 +12,7 @@
 //! `dΓ_t = Σ_ℓ λ[t,ℓ] dλ[t,ℓ] − v_t·dv_t` (the first term is `dO_t·o_t`),
 //! `dg = reverse cumsum of dΓ`.
 
+pub mod backward;
 pub mod cube;
 pub mod launch;
 
@@ -94,41 +95,30 @@ impl LogLinearKernels for CubeBackend {
         let dtype = q.dtype;
         let g_dtype = g.dtype;
         let shape = g.meta.shape().clone();
-        // The kernels read a, b, c (and w) in one dtype: the gradient must match q, k, v.
+        // The kernels read q, k, v and dO in one dtype: the gradient must match q, k, v.
         let grad = cast(grad, dtype);
-        let dq = launch::causal(
-            grad.clone(),
-            v.clone(),
-            k.clone(),
-            g.clone(),
-            lambda.clone(),
-            None,
-        );
-        let dl_tiles = launch::causal(
-            q.clone(),
-            k.clone(),
-            v.clone(),
-            g.clone(),
-            lambda.clone(),
-            Some(grad.clone()),
-        );
-        let dl = Cb::float_sum_dim(dl_tiles, 0);
         let dl_shape = lambda.meta.shape().clone();
-        let dl = Cb::float_reshape(dl, dl_shape);
-        let dv = launch::anticausal(
-            k.clone(),
-            q.clone(),
-            grad.clone(),
-            g.clone(),
-            lambda.clone(),
-        );
+        let key_shape = q.meta.shape().clone();
         let lambda_all = lambda.clone();
-        let dk = launch::anticausal(v.clone(), grad, q, g, lambda);
+        let v_all = v.clone();
+        let (dq, dk, dv, dl) = if split_backward() {
+            split_backward_kernels(q, k, v, g.clone(), lambda, grad)
+        } else {
+            let (dq, dl, dk, dv) = launch::backward(q, k, v, g.clone(), lambda, grad);
+            let sum_tiles =
+                |t: FloatTensor<Self>, shape| Cb::float_reshape(Cb::float_sum_dim(t, 0), shape);
+            (
+                sum_tiles(dq, key_shape.clone()),
+                sum_tiles(dk, key_shape),
+                dv,
+                sum_tiles(dl, dl_shape),
+            )
+        };
         // dΓ_t = dO_t·o_t − v_t·dv_t with dO_t·o_t = Σ_ℓ λ[t,ℓ] dλ[t,ℓ] (o is λ-weighted per
         // level), all in f32 and without keeping o; dg is the reverse cumulative sum over time.
         let f32 = |t: FloatTensor<Self>| cast(t, DType::F32);
         let read = Cb::float_sum_dim(Cb::float_mul(f32(lambda_all), dl.clone()), 3);
-        let written = Cb::float_sum_dim(Cb::float_mul(f32(v), dv.clone()), 3);
+        let written = Cb::float_sum_dim(Cb::float_mul(f32(v_all), dv.clone()), 3);
         let dgamma = Cb::float_reshape(Cb::float_sub(read, written), shape);
         let dg = Cb::float_flip(Cb::float_cumsum(Cb::float_flip(dgamma, &[1]), 1), &[1]);
         (
@@ -147,6 +137,58 @@ fn cast(t: FloatTensor<Cb>, dtype: DType) -> FloatTensor<Cb> {
     } else {
         Cb::float_cast(t, dtype.into())
     }
+}
+
+/// Whether `LOGLINEAR_FUSED_BACKWARD=split` asks for the backward of kernel v1: four launches of
+/// the forward kernels (`dq`, `dλ`, `dv`, `dk`), kept to measure against the two-launch backward.
+fn split_backward() -> bool {
+    matches!(
+        std::env::var("LOGLINEAR_FUSED_BACKWARD").as_deref(),
+        Ok("split")
+    )
+}
+
+/// `(dq, dk, dv, dλ)` (f32) by four launches of the forward kernels.
+fn split_backward_kernels(
+    q: FloatTensor<Cb>,
+    k: FloatTensor<Cb>,
+    v: FloatTensor<Cb>,
+    g: FloatTensor<Cb>,
+    lambda: FloatTensor<Cb>,
+    grad: FloatTensor<Cb>,
+) -> (
+    FloatTensor<Cb>,
+    FloatTensor<Cb>,
+    FloatTensor<Cb>,
+    FloatTensor<Cb>,
+) {
+    let dq = launch::causal(
+        grad.clone(),
+        v.clone(),
+        k.clone(),
+        g.clone(),
+        lambda.clone(),
+        None,
+    );
+    let dl_shape = lambda.meta.shape().clone();
+    let dl_tiles = launch::causal(
+        q.clone(),
+        k.clone(),
+        v.clone(),
+        g.clone(),
+        lambda.clone(),
+        Some(grad.clone()),
+    );
+    let dl = Cb::float_reshape(Cb::float_sum_dim(dl_tiles, 0), dl_shape);
+    let dv = launch::anticausal(
+        k.clone(),
+        q.clone(),
+        grad.clone(),
+        g.clone(),
+        lambda.clone(),
+    );
+    let dk = launch::anticausal(v, grad, q, g, lambda);
+    (dq, dk, dv, dl)
 }
 
 impl<B: Backend + LogLinearKernels, C: CheckpointStrategy> LogLinearKernels for Autodiff<B, C> {

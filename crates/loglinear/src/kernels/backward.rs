@@ -1,0 +1,633 @@
+//! The two kernels of the fused backward (launched from `launch.rs`).
+//!
+//! With `W[t,s] = λ[t,ℓ(t,s)] e^{Γt−Γs}` (s ≤ t), `A[t,s] = q_t·k_s` and `B[t,s] = dO_t·v_s`:
+//!
+//! * `dq_t = Σ_s W B k_s` and `dλ[t,ℓ] = Σ_{s in level ℓ} e^{Γt−Γs} A B` read the past through
+//!   the *same* causal level states `H = Σ_s e^{…} k_s v_sᵀ` as the forward ([`causal_backward_kernel`]):
+//!   per level, one product `X_t = H dO_t` gives both `dq_t += λ e X_t` and `dλ = e q_t·X_t`;
+//! * `dv_s = Σ_t W A dO_t` and `dk_s = Σ_t W B q_t` read the future through the same anticausal
+//!   level states `G = Σ_t λ e^{…} q_t dO_tᵀ` ([`anticausal_backward_kernel`]):
+//!   `dv_s += e k_sᵀG`, `dk_s += e G v_s`.
+//!
+//! So the backward is two launches that build two sets of states, where four launches of the
+//! forward kernels (`dq`, `dλ`, `dv`, `dk`) built four. One cube per (batch·head, value tile);
+//! `dq`, `dk` and `dλ` sum over the value columns and are returned per tile (summed by the caller).
+//!
+//! Shared-memory rows are padded by one element (`nk + 1`, `chunk + 1`, `pt + 1`) so that the
+//! products whose lanes walk a row stride do not hit one bank 32 times.
+
+use cubecl::prelude::*;
+
+use super::cube::{THREADS, bitlen, load_chunk, row};
+
+/// Causal half of the backward: `dq` (per value tile) and `dλ` (per value tile).
+///
+/// Shapes: `q, k: [B, T, H, nk]`, `v, d_o: [B, T, H, width]` (dtype `E`), `g: [B, T, H]`,
+/// `lambda: [B, T, H, levels]` (dtype `G`); `dq: [tiles, B, T, H, nk]`,
+/// `dl: [tiles, B, T, H, levels]` (f32); `states`: `tiles·B·H·nlev·pt·nk` f32 scratch, each level
+/// stored value-major (`[pt][nk]`) so that `X = H dO` reads it along the key lanes.
+/// Grid `(B·H, tiles)`, [`THREADS`] units.
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+pub fn causal_backward_kernel<E: Float, G: Float>(
+    q: &Tensor<E>,
+    k: &Tensor<E>,
+    v: &Tensor<E>,
+    d_o: &Tensor<E>,
+    g: &Tensor<G>,
+    lambda: &Tensor<G>,
+    dq: &mut Tensor<f32>,
+    dl: &mut Tensor<f32>,
+    states: &mut Tensor<f32>,
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    width: usize,
+    #[comptime] chunk: usize,
+    #[comptime] nk: usize,
+    #[comptime] pt: usize,
+    #[comptime] levels: usize,
+    #[comptime] nlev: usize,
+    #[define(E, G)] _dtypes: [ElemType; 2],
+) {
+    let bh = CUBE_POS_X as usize;
+    let tile = CUBE_POS_Y as usize;
+    let bi = bh / heads;
+    let h = bh % heads;
+    let u = UNIT_POS_X as usize;
+    let p0 = tile * pt;
+    let log_c = comptime!(chunk.trailing_zeros() as usize);
+    let qs_stride = comptime!(nk + 1);
+    let kt_stride = comptime!(chunk + 1);
+    let vst = comptime!(pt + 1);
+    // Key mapping: lanes over key columns `n = cn + c·cs`, rows `rb + r·rg` (chunk rows for dq,
+    // value rows for the state update).
+    let cs = comptime!(key_lanes(nk));
+    let cp = comptime!(nk.div_ceil(key_lanes(nk)));
+    let rg = comptime!(THREADS / key_lanes(nk));
+    let rows_k = comptime!(chunk.div_ceil(THREADS / key_lanes(nk)));
+    let rows_p = comptime!(pt.div_ceil(THREADS / key_lanes(nk)));
+    let cn = u % cs;
+    let rb = u / cs;
+    let sj = comptime!(THREADS / chunk);
+    let per_row = comptime!(chunk * chunk / THREADS);
+    let level_size = comptime!(nk * pt);
+    let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt);
+
+    let mut qs = Shared::<[f32]>::new_slice(comptime!(chunk * (nk + 1)));
+    let mut kt = Shared::<[f32]>::new_slice(comptime!(nk * (chunk + 1)));
+    let mut vs = Shared::<[f32]>::new_slice(comptime!(chunk * (pt + 1)));
+    let mut ws = Shared::<[f32]>::new_slice(comptime!(chunk * (pt + 1)));
+    let mut sc = Shared::<[f32]>::new_slice(comptime!(chunk * chunk));
+    let mut sd = Shared::<[f32]>::new_slice(comptime!(chunk * chunk));
+    let mut lam = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
+    let mut red = Shared::<[f32]>::new_slice(comptime!(chunk * key_lanes(nk)));
+    let mut graw = Shared::<[f32]>::new_slice(chunk);
+    let mut gam = Shared::<[f32]>::new_slice(chunk);
+    let mut kd = Shared::<[f32]>::new_slice(chunk);
+    let mut eg = Shared::<[f32]>::new_slice(chunk);
+    let mut scale = Shared::<[f32]>::new_slice(comptime!(nlev.max(1)));
+
+    if u < nlev {
+        scale[u] = 1.0f32;
+    }
+    let n_chunks = seq.div_ceil(chunk);
+
+    for j in 0..n_chunks {
+        let t0 = j * chunk;
+        load_values::<E>(
+            v, d_o, &mut vs, &mut ws, u, t0, p0, bi, h, seq, heads, width, chunk, pt,
+        );
+        load_chunk::<E, G>(
+            q, k, g, lambda, &mut qs, &mut kt, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u,
+            t0, bi, h, seq, heads, chunk, kt_stride, nk, levels,
+        );
+        // In-chunk pairs s ≤ t: `sc = λ e B` (weights of dq), `sd = e A B` (terms of dλ).
+        let si = u / sj;
+        #[unroll]
+        for r in 0..per_row {
+            let sjj = u % sj + r * sj;
+            let mut s_dq = 0.0f32;
+            let mut s_dl = 0.0f32;
+            if sjj <= si {
+                let mut a = 0.0f32;
+                for n in 0..nk {
+                    a += qs[si * qs_stride + n] * kt[n * kt_stride + sjj];
+                }
+                let mut b = 0.0f32;
+                for p in 0..pt {
+                    b += ws[si * vst + p] * vs[sjj * vst + p];
+                }
+                let e = (gam[si] - gam[sjj]).exp();
+                s_dl = e * a * b;
+                let lvl = bitlen(si ^ sjj);
+                if lvl < levels {
+                    s_dq = lam[si * levels + lvl] * e * b;
+                }
+            }
+            sc[si * chunk + sjj] = s_dq;
+            sd[si * chunk + sjj] = s_dl;
+        }
+        sync_cube();
+
+        // dλ of the in-chunk levels: level-segmented row sums (one owner unit per row, which
+        // also adds the chunk levels below).
+        let dl_t = t0 + u;
+        let dl_row = (((tile * batch + bi) * seq + dl_t) * heads + h) * levels;
+        if u < chunk && dl_t < seq {
+            for lvl in 0..levels {
+                let mut sum = 0.0f32;
+                if lvl <= log_c {
+                    for jj in 0..chunk {
+                        if jj <= u && bitlen(u ^ jj) == lvl {
+                            sum += sd[u * chunk + jj];
+                        }
+                    }
+                }
+                dl[dl_row + lvl] = sum;
+            }
+        }
+        // dq of the in-chunk pairs: Σ_s sc[t,s] k_s.
+        let mut acc = Array::<f32>::new(comptime!(rows_k * cp));
+        #[unroll]
+        for x in 0..comptime!(rows_k * cp) {
+            acc[x] = 0.0f32;
+        }
+        for jj in 0..chunk {
+            #[unroll]
+            for r in 0..rows_k {
+                let i = rb + r * rg;
+                if i < chunk {
+                    let w = sc[i * chunk + jj];
+                    #[unroll]
+                    for c in 0..cp {
+                        let n = cn + c * cs;
+                        if n < nk {
+                            acc[r * cp + c] += w * kt[n * kt_stride + jj];
+                        }
+                    }
+                }
+            }
+        }
+        // Earlier chunks through chunk level i (bit i−1 of j set): X_t = H dO_t, then
+        // dq_t += λ e X_t and dλ[t] = e q_t·X_t (row sums through `red`).
+        for lvi in 0..nlev {
+            let token_level = log_c + lvi + 1;
+            if (j >> lvi) & 1 == 1 && token_level < levels {
+                let base = state_base + lvi * level_size;
+                let mut x = Array::<f32>::new(comptime!(rows_k * cp));
+                #[unroll]
+                for e in 0..comptime!(rows_k * cp) {
+                    x[e] = 0.0f32;
+                }
+                for pp in 0..pt {
+                    #[unroll]
+                    for c in 0..cp {
+                        let n = cn + c * cs;
+                        if n < nk {
+                            let z = states[base + pp * nk + n];
+                            #[unroll]
+                            for r in 0..rows_k {
+                                let i = rb + r * rg;
+                                if i < chunk {
+                                    x[r * cp + c] += z * ws[i * vst + pp];
+                                }
+                            }
+                        }
+                    }
+                }
+                let f = scale[lvi];
+                #[unroll]
+                for r in 0..rows_k {
+                    let i = rb + r * rg;
+                    if i < chunk {
+                        let wgt = f * eg[i];
+                        let lw = lam[i * levels + token_level] * wgt;
+                        let mut partial = 0.0f32;
+                        #[unroll]
+                        for c in 0..cp {
+                            let n = cn + c * cs;
+                            if n < nk {
+                                acc[r * cp + c] += lw * x[r * cp + c];
+                                partial += qs[i * qs_stride + n] * x[r * cp + c];
+                            }
+                        }
+                        red[i * cs + cn] = partial * wgt;
+                    }
+                }
+                sync_cube();
+                if u < chunk && dl_t < seq {
+                    let mut s = 0.0f32;
+                    for c in 0..cs {
+                        s += red[u * cs + c];
+                    }
+                    dl[dl_row + token_level] = s;
+                }
+                sync_cube();
+            }
+        }
+        #[unroll]
+        for r in 0..rows_k {
+            let i = rb + r * rg;
+            let t = t0 + i;
+            if i < chunk && t < seq {
+                let out_row = (((tile * batch + bi) * seq + t) * heads + h) * nk;
+                #[unroll]
+                for c in 0..cp {
+                    let n = cn + c * cs;
+                    if n < nk {
+                        dq[out_row + n] = acc[r * cp + c];
+                    }
+                }
+            }
+        }
+        // This chunk's key state Σ_i e^{γlast−γi} v_i k_iᵀ (value-major) joins every level
+        // whose period has chunk j in its first half; the first chunk of a period starts it.
+        if nlev > 0 {
+            let mut ks = Array::<f32>::new(comptime!(rows_p * cp));
+            #[unroll]
+            for e in 0..comptime!(rows_p * cp) {
+                ks[e] = 0.0f32;
+            }
+            for i in 0..chunk {
+                let kdi = kd[i];
+                #[unroll]
+                for c in 0..cp {
+                    let n = cn + c * cs;
+                    if n < nk {
+                        let kv = kt[n * kt_stride + i] * kdi;
+                        #[unroll]
+                        for r in 0..rows_p {
+                            let pp = rb + r * rg;
+                            if pp < pt {
+                                ks[r * cp + c] += kv * vs[i * vst + pp];
+                            }
+                        }
+                    }
+                }
+            }
+            let chunk_decay = eg[comptime!(chunk - 1)];
+            for lvi in 0..nlev {
+                if (j >> lvi) & 1 == 0 {
+                    let base = state_base + lvi * level_size;
+                    let fresh = j % (2usize << lvi) == 0;
+                    let f = scale[lvi] * chunk_decay;
+                    #[unroll]
+                    for r in 0..rows_p {
+                        let pp = rb + r * rg;
+                        #[unroll]
+                        for c in 0..cp {
+                            let n = cn + c * cs;
+                            if pp < pt && n < nk {
+                                let e = base + pp * nk + n;
+                                let mut old = 0.0f32;
+                                if !fresh {
+                                    old = states[e] * f;
+                                }
+                                states[e] = old + ks[r * cp + c];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        sync_storage();
+        if u < nlev {
+            if (j >> u) & 1 == 0 {
+                scale[u] = 1.0f32;
+            } else {
+                scale[u] *= eg[comptime!(chunk - 1)];
+            }
+        }
+        sync_cube();
+    }
+}
+
+/// Anticausal half of the backward: `dv` (this value tile) and `dk` (per value tile).
+///
+/// Shapes as [`causal_backward_kernel`]; `dk: [tiles, B, T, H, nk]`, `dv: [B, T, H, width]`
+/// (f32); `states`: `tiles·B·H·nlev·nk·pt` f32 scratch (key-major `[nk][pt]`). Chunks run from
+/// last to first; λ weighs the later token.
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+pub fn anticausal_backward_kernel<E: Float, G: Float>(
+    q: &Tensor<E>,
+    k: &Tensor<E>,
+    v: &Tensor<E>,
+    d_o: &Tensor<E>,
+    g: &Tensor<G>,
+    lambda: &Tensor<G>,
+    dk: &mut Tensor<f32>,
+    dv: &mut Tensor<f32>,
+    states: &mut Tensor<f32>,
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    width: usize,
+    #[comptime] chunk: usize,
+    #[comptime] nk: usize,
+    #[comptime] pt: usize,
+    #[comptime] levels: usize,
+    #[comptime] nlev: usize,
+    #[define(E, G)] _dtypes: [ElemType; 2],
+) {
+    let bh = CUBE_POS_X as usize;
+    let tile = CUBE_POS_Y as usize;
+    let bi = bh / heads;
+    let h = bh % heads;
+    let u = UNIT_POS_X as usize;
+    let p0 = tile * pt;
+    let log_c = comptime!(chunk.trailing_zeros() as usize);
+    let qs_stride = comptime!(nk + 1);
+    let kt_stride = comptime!(chunk + 1);
+    let vst = comptime!(pt + 1);
+    // Value mapping (dv, the state update): lanes over value columns, rows over chunk / keys.
+    let pc = u % pt;
+    let rbase = u / pt;
+    let rstep = comptime!(THREADS / pt);
+    let rows_out = comptime!(chunk / (THREADS / pt));
+    let rows_state = comptime!(nk.div_ceil(THREADS / pt));
+    // Key mapping (dk): lanes over key columns, rows over the chunk.
+    let cs = comptime!(key_lanes(nk));
+    let cp = comptime!(nk.div_ceil(key_lanes(nk)));
+    let rg = comptime!(THREADS / key_lanes(nk));
+    let rows_k = comptime!(chunk.div_ceil(THREADS / key_lanes(nk)));
+    let cn = u % cs;
+    let rb = u / cs;
+    let sj = comptime!(THREADS / chunk);
+    let per_row = comptime!(chunk * chunk / THREADS);
+    let level_size = comptime!(nk * pt);
+    let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt);
+
+    // `ks`: k row-major (the output side), `qt`: q transposed (the state side).
+    let mut ks = Shared::<[f32]>::new_slice(comptime!(chunk * (nk + 1)));
+    let mut qt = Shared::<[f32]>::new_slice(comptime!(nk * (chunk + 1)));
+    let mut vs = Shared::<[f32]>::new_slice(comptime!(chunk * (pt + 1)));
+    let mut ws = Shared::<[f32]>::new_slice(comptime!(chunk * (pt + 1)));
+    let mut sa = Shared::<[f32]>::new_slice(comptime!(chunk * chunk));
+    let mut sb = Shared::<[f32]>::new_slice(comptime!(chunk * chunk));
+    let mut lam = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
+    let mut graw = Shared::<[f32]>::new_slice(chunk);
+    let mut gam = Shared::<[f32]>::new_slice(chunk);
+    let mut kd = Shared::<[f32]>::new_slice(chunk);
+    let mut eg = Shared::<[f32]>::new_slice(chunk);
+    let mut scale = Shared::<[f32]>::new_slice(comptime!(nlev.max(1)));
+
+    if u < nlev {
+        scale[u] = 1.0f32;
+    }
+    // A period whose later half lies past the end is read before anything was added to it.
+    let mut idx = u;
+    while idx < comptime!(nlev * nk * pt) {
+        states[state_base + idx] = 0.0f32;
+        idx += THREADS;
+    }
+    sync_storage();
+    let n_chunks = seq.div_ceil(chunk);
+
+    for step in 0..n_chunks {
+        let j = n_chunks - 1 - step;
+        let t0 = j * chunk;
+        load_values::<E>(
+            v, d_o, &mut vs, &mut ws, u, t0, p0, bi, h, seq, heads, width, chunk, pt,
+        );
+        load_chunk::<E, G>(
+            k, q, g, lambda, &mut ks, &mut qt, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u,
+            t0, bi, h, seq, heads, chunk, kt_stride, nk, levels,
+        );
+        // In-chunk pairs t ≥ s (row s, column t): `sa = W A` (weights of dv), `sb = W B` (of dk).
+        let si = u / sj;
+        #[unroll]
+        for r in 0..per_row {
+            let sjj = u % sj + r * sj;
+            let mut s_a = 0.0f32;
+            let mut s_b = 0.0f32;
+            if sjj >= si {
+                let lvl = bitlen(si ^ sjj);
+                if lvl < levels {
+                    let mut a = 0.0f32;
+                    for n in 0..nk {
+                        a += ks[si * qs_stride + n] * qt[n * kt_stride + sjj];
+                    }
+                    let mut b = 0.0f32;
+                    for p in 0..pt {
+                        b += ws[sjj * vst + p] * vs[si * vst + p];
+                    }
+                    let w = (gam[sjj] - gam[si]).exp() * lam[sjj * levels + lvl];
+                    s_a = w * a;
+                    s_b = w * b;
+                }
+            }
+            sa[si * chunk + sjj] = s_a;
+            sb[si * chunk + sjj] = s_b;
+        }
+        sync_cube();
+
+        let mut acc_v = Array::<f32>::new(rows_out);
+        #[unroll]
+        for r in 0..rows_out {
+            acc_v[r] = 0.0f32;
+        }
+        let mut acc_k = Array::<f32>::new(comptime!(rows_k * cp));
+        #[unroll]
+        for e in 0..comptime!(rows_k * cp) {
+            acc_k[e] = 0.0f32;
+        }
+        for jj in 0..chunk {
+            let wv = ws[jj * vst + pc];
+            #[unroll]
+            for r in 0..rows_out {
+                acc_v[r] += sa[(rbase + r * rstep) * chunk + jj] * wv;
+            }
+            #[unroll]
+            for r in 0..rows_k {
+                let i = rb + r * rg;
+                if i < chunk {
+                    let w = sb[i * chunk + jj];
+                    #[unroll]
+                    for c in 0..cp {
+                        let n = cn + c * cs;
+                        if n < nk {
+                            acc_k[r * cp + c] += w * qt[n * kt_stride + jj];
+                        }
+                    }
+                }
+            }
+        }
+        // Later chunks through chunk level i (bit i−1 of j clear): the state holds the second
+        // half of the period, decayed to the end of chunk j (times the lazy factor).
+        for lvi in 0..nlev {
+            let token_level = log_c + lvi + 1;
+            if (j >> lvi) & 1 == 0 && token_level < levels {
+                let base = state_base + lvi * level_size;
+                let f = scale[lvi];
+                let mut tmp = Array::<f32>::new(rows_out);
+                #[unroll]
+                for r in 0..rows_out {
+                    tmp[r] = 0.0f32;
+                }
+                for n in 0..nk {
+                    let z = states[base + n * pt + pc];
+                    #[unroll]
+                    for r in 0..rows_out {
+                        tmp[r] += ks[(rbase + r * rstep) * qs_stride + n] * z;
+                    }
+                }
+                #[unroll]
+                for r in 0..rows_out {
+                    acc_v[r] += tmp[r] * f * kd[rbase + r * rstep];
+                }
+                let mut x = Array::<f32>::new(comptime!(rows_k * cp));
+                #[unroll]
+                for e in 0..comptime!(rows_k * cp) {
+                    x[e] = 0.0f32;
+                }
+                for pp in 0..pt {
+                    #[unroll]
+                    for c in 0..cp {
+                        let n = cn + c * cs;
+                        if n < nk {
+                            let z = states[base + n * pt + pp];
+                            #[unroll]
+                            for r in 0..rows_k {
+                                let i = rb + r * rg;
+                                if i < chunk {
+                                    x[r * cp + c] += z * vs[i * vst + pp];
+                                }
+                            }
+                        }
+                    }
+                }
+                #[unroll]
+                for r in 0..rows_k {
+                    let i = rb + r * rg;
+                    if i < chunk {
+                        let wgt = f * kd[i];
+                        #[unroll]
+                        for c in 0..cp {
+                            acc_k[r * cp + c] += wgt * x[r * cp + c];
+                        }
+                    }
+                }
+            }
+        }
+        #[unroll]
+        for r in 0..rows_out {
+            let t = t0 + rbase + r * rstep;
+            let p = p0 + pc;
+            if t < seq && p < width {
+                dv[row(bi, t, h, seq, heads, width) + p] = acc_v[r];
+            }
+        }
+        #[unroll]
+        for r in 0..rows_k {
+            let i = rb + r * rg;
+            let t = t0 + i;
+            if i < chunk && t < seq {
+                let out_row = (((tile * batch + bi) * seq + t) * heads + h) * nk;
+                #[unroll]
+                for c in 0..cp {
+                    let n = cn + c * cs;
+                    if n < nk {
+                        dk[out_row + n] = acc_k[r * cp + c];
+                    }
+                }
+            }
+        }
+        // This chunk joins, weighted by its own λ at each level, every level whose period has
+        // chunk j in its second half (Σ_i λ[i,ℓ] e^{γi} q_i dO_iᵀ); the last chunk of a period
+        // starts it afresh. States are referenced to the end of chunk j − 1 afterwards.
+        let chunk_decay = eg[comptime!(chunk - 1)];
+        for lvi in 0..nlev {
+            let token_level = log_c + lvi + 1;
+            if (j >> lvi) & 1 == 1 && token_level < levels {
+                let mut gs = Array::<f32>::new(rows_state);
+                #[unroll]
+                for r in 0..rows_state {
+                    gs[r] = 0.0f32;
+                }
+                for i in 0..chunk {
+                    let wv = ws[i * vst + pc] * eg[i] * lam[i * levels + token_level];
+                    #[unroll]
+                    for r in 0..rows_state {
+                        let n = rbase + r * rstep;
+                        if n < nk {
+                            gs[r] += qt[n * kt_stride + i] * wv;
+                        }
+                    }
+                }
+                let base = state_base + lvi * level_size;
+                let period = 2usize << lvi;
+                let fresh = j % period == period - 1;
+                let f = scale[lvi] * chunk_decay;
+                #[unroll]
+                for r in 0..rows_state {
+                    let n = rbase + r * rstep;
+                    if n < nk {
+                        let e = base + n * pt + pc;
+                        let mut old = 0.0f32;
+                        if !fresh {
+                            old = states[e] * f;
+                        }
+                        states[e] = old + gs[r];
+                    }
+                }
+            }
+        }
+        sync_storage();
+        if u < nlev {
+            if (j >> u) & 1 == 1 && log_c + u + 1 < levels {
+                scale[u] = 1.0f32;
+            } else {
+                scale[u] *= eg[comptime!(chunk - 1)];
+            }
+        }
+        sync_cube();
+    }
+}
+
+/// Lanes of the key mapping: the key width rounded up to a power of two, at most [`THREADS`].
+pub const fn key_lanes(nk: usize) -> usize {
+    let lanes = nk.next_power_of_two();
+    if lanes < THREADS { lanes } else { THREADS }
+}
+
+/// Loads the value tile of `v` into `vs` and of `d_o` into `ws` (rows padded to `pt + 1`; zero
+/// past the sequence or the width). The caller's next barrier publishes them.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn load_values<E: Float>(
+    v: &Tensor<E>,
+    d_o: &Tensor<E>,
+    vs: &mut Shared<[f32]>,
+    ws: &mut Shared<[f32]>,
+    u: usize,
+    t0: usize,
+    p0: usize,
+    bi: usize,
+    h: usize,
+    seq: usize,
+    heads: usize,
+    width: usize,
+    #[comptime] chunk: usize,
+    #[comptime] pt: usize,
+) {
+    let vst = comptime!(pt + 1);
+    let mut idx = u;
+    while idx < comptime!(chunk * pt) {
+        let i = idx / pt;
+        let pp = idx % pt;
+        let t = t0 + i;
+        let p = p0 + pp;
+        let mut vv = 0.0f32;
+        let mut dv = 0.0f32;
+        if t < seq && p < width {
+            let off = row(bi, t, h, seq, heads, width) + p;
+            vv = f32::cast_from(v[off]);
+            dv = f32::cast_from(d_o[off]);
+        }
+        vs[i * vst + pp] = vv;
+        ws[i * vst + pp] = dv;
+        idx += THREADS;
+    }
+}
