@@ -42,10 +42,10 @@ pub fn row(b: usize, t: usize, h: usize, seq: usize, heads: usize, width: usize)
     ((b * seq + t) * heads + h) * width
 }
 
-/// Loads a chunk's `a` rows (padded to `nk + 1`), `b` transposed (rows of `kt_stride`) and λ into shared memory (zero
-/// past the end of the sequence), then its decays: `γ` (in-chunk inclusive cumsum of `g`),
-/// `kd = e^{γ_last − γ}` and `eg = e^{γ}`. Ends with a barrier, so every shared buffer written
-/// before the call (the value tile) is visible too.
+/// Loads a chunk's `a` rows (padded to `nk + 1`) and `b` transposed (rows of `kt_stride`) into
+/// shared memory as f32 (zero past the end of the sequence), then its λ and decays
+/// ([`load_decays`]). Ends with a barrier, so every shared buffer written before the call (the
+/// value tile) is visible too.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 pub fn load_chunk<E: Float, G: Float>(
@@ -88,7 +88,34 @@ pub fn load_chunk<E: Float, G: Float>(
         kt[n * kt_stride + i] = bv;
         idx += THREADS;
     }
-    idx = u;
+    load_decays::<G>(
+        g, lambda, lam, graw, gam, kd, eg, u, t0, bi, h, seq, heads, chunk, levels,
+    );
+}
+
+/// Loads a chunk's λ (`[chunk, levels]`, zero past the end of the sequence) and `g`, then its
+/// decays: `γ` (in-chunk inclusive cumsum of `g`), `kd = e^{γ_last − γ}` and `eg = e^{γ}`. Ends
+/// with a barrier, so every shared buffer written before the call is visible too.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+pub fn load_decays<G: Float>(
+    g: &Tensor<G>,
+    lambda: &Tensor<G>,
+    lam: &mut Shared<[f32]>,
+    graw: &mut Shared<[f32]>,
+    gam: &mut Shared<[f32]>,
+    kd: &mut Shared<[f32]>,
+    eg: &mut Shared<[f32]>,
+    u: usize,
+    t0: usize,
+    bi: usize,
+    h: usize,
+    seq: usize,
+    heads: usize,
+    #[comptime] chunk: usize,
+    #[comptime] levels: usize,
+) {
+    let mut idx = u;
     while idx < comptime!(chunk * levels) {
         let t = t0 + idx / levels;
         let mut lv = 0.0f32;
@@ -107,7 +134,6 @@ pub fn load_chunk<E: Float, G: Float>(
         graw[u] = gv;
     }
     sync_cube();
-    // (2) In-chunk cumulative decay γ, e^{γ_last − γ_i} (key decay), e^{γ_i} (query decay).
     if u < chunk {
         // Each of the first `chunk` units sums its own prefix (and the total): no serial
         // section, one barrier.

@@ -6,10 +6,13 @@ use burn_cubecl::CubeDevice;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
+use cubecl::features::MmaConfig;
+use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
 
 use super::backward::{anticausal_backward_kernel, causal_backward_kernel, key_lanes};
 use super::cube::{THREADS, anticausal_kernel, causal_kernel};
+use super::tensor_core::{TILE, causal_tc_kernel, tc_shared_bytes};
 use crate::fenwick::bitlen;
 
 /// Chunk size and value-tile width of one launch.
@@ -184,6 +187,9 @@ pub fn causal(
 ) -> CubeTensor {
     let [bs, t, h, nk, width, levels] = dims(&a, &c, &lambda);
     let dl = w.is_some();
+    if !dl && let Some(plan) = plan_tensor_core(&a, nk, width, levels, bs * h) {
+        return causal_tensor_core(a, b, c, g, lambda, plan);
+    }
     let client = a.client.clone();
     let device = a.device.clone();
     let dtype = a.dtype;
@@ -455,4 +461,117 @@ pub fn backward(
         dtypes,
     );
     (dq, dl, dk, dv)
+}
+
+/// The tensor-core forward's tiles for `q: [B, T, H, nk]` and values `width` wide, when it can
+/// run: half-precision inputs, `nk` a multiple of 16, the device's `cmma` taking 16×16×16 tiles
+/// of that dtype with f32 accumulation, and the buffers fitting its shared memory. The chunk is
+/// `LOGLINEAR_TC_CHUNK` (32 or 64; default 64: the level states are read and merged once per
+/// chunk, so longer chunks halve that traffic); `LOGLINEAR_FUSED_TC=0` turns the path off.
+fn plan_tensor_core(
+    q: &CubeTensor,
+    nk: usize,
+    width: usize,
+    levels: usize,
+    cubes: usize,
+) -> Option<Plan> {
+    if matches!(std::env::var("LOGLINEAR_FUSED_TC").as_deref(), Ok("0")) {
+        return None;
+    }
+    let elem = match q.dtype {
+        DType::BF16 => ElemType::Float(FloatKind::BF16),
+        DType::F16 => ElemType::Float(FloatKind::F16),
+        _ => return None,
+    };
+    if nk % TILE != 0 {
+        return None;
+    }
+    let props = q.client.properties();
+    let mma = MmaConfig {
+        a_type: elem,
+        b_type: elem,
+        cd_type: ElemType::Float(FloatKind::F32),
+        m: TILE as u32,
+        n: TILE as u32,
+        k: TILE as u32,
+    };
+    if !props.features.matmul.cmma.contains(&mma) {
+        return None;
+    }
+    let chunk = std::env::var("LOGLINEAR_TC_CHUNK")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|c| [32, 64].contains(c))
+        .unwrap_or(64);
+    let max_shared = props.hardware.max_shared_memory_size;
+    let sms = multiprocessors(&q.device);
+    let mut pt = 64;
+    while pt > 16 && pt / 2 >= width {
+        pt /= 2;
+    }
+    while pt >= 16 {
+        let starved = pt > 16 && cubes * width.div_ceil(pt) < 2 * sms;
+        if !starved && tc_shared_bytes(chunk, nk, pt, levels, 2) <= max_shared {
+            return Some(Plan {
+                chunk,
+                pt,
+                shared_states: false,
+            });
+        }
+        pt /= 2;
+    }
+    None
+}
+
+/// The forward on tensor cores ([`causal_tc_kernel`]) with `plan`.
+fn causal_tensor_core(
+    q: CubeTensor,
+    k: CubeTensor,
+    v: CubeTensor,
+    g: CubeTensor,
+    lambda: CubeTensor,
+    plan: Plan,
+) -> CubeTensor {
+    let [bs, t, h, nk, width, levels] = dims(&q, &v, &lambda);
+    let client = q.client.clone();
+    let device = q.device.clone();
+    let dtypes = [
+        dtype_to_storage_type(q.dtype),
+        dtype_to_storage_type(g.dtype),
+    ];
+    let tiles = width.div_ceil(plan.pt);
+    let nlev = bitlen(t.div_ceil(plan.chunk) - 1);
+    let alloc = |shape: Vec<usize>| {
+        empty_device_contiguous_dtype(
+            client.clone(),
+            device.clone(),
+            Shape::from(shape),
+            DType::F32,
+        )
+    };
+    let out = alloc(vec![bs, t, h, width]);
+    let states = alloc(vec![tiles * bs * h * nlev.max(1) * nk * plan.pt]);
+    causal_tc_kernel::launch(
+        &client,
+        CubeCount::Static((bs * h) as u32, tiles as u32, 1),
+        CubeDim::new_1d(THREADS as u32),
+        into_contiguous(q).into_tensor_arg(),
+        into_contiguous(k).into_tensor_arg(),
+        into_contiguous(v).into_tensor_arg(),
+        into_contiguous(g).into_tensor_arg(),
+        into_contiguous(lambda).into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        states.into_tensor_arg(),
+        bs,
+        t,
+        h,
+        width,
+        plan.chunk,
+        nk,
+        plan.pt,
+        levels,
+        nlev,
+        dtypes,
+    );
+    out
 }

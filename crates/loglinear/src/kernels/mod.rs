@@ -15,6 +15,7 @@
 pub mod backward;
 pub mod cube;
 pub mod launch;
+pub mod tensor_core;
 
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;

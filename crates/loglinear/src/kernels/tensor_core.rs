@@ -1,0 +1,401 @@
+//! The forward kernel on tensor cores (bf16 / f16 inputs; launched from `launch.rs`).
+//!
+//! Same walk as [`causal_kernel`](super::cube::causal_kernel) — one cube per (batch·head, value
+//! tile), chunk by chunk, one level state per chunk level in a global f32 scratch with lazy decay
+//! factors — but the four products of a chunk run as 16×16×16 `cmma` tiles (f32 accumulation)
+//! spread over the cube's eight planes:
+//!
+//! 1. scores `S = Q Kᵀ` (`C × C`, lower-triangular tiles only);
+//! 2. `S̃ V` with `S̃ = S ⊙ e^{γi−γj} λ[i, ℓ(i,j)]` (masked and weighted in f32, rounded to the
+//!    input dtype as the tensor cores take it);
+//! 3. per chunk level read, `Y = Q H` with the level state `H` rounded to the input dtype;
+//!    the output adds `λ[i, ℓ] e^{γi} f Y` in f32;
+//! 4. the chunk's key state `Kᵀ (kd ⊙ V)` (`nk × pt`), merged into the f32 level states.
+//!
+//! The elementwise steps (weights, decays, state merges) stay f32 scalar code between the tile
+//! products; each product's result passes through one f32 shared staging buffer. Requires
+//! `nk` and `pt` multiples of 16 and `chunk` ∈ {32, 64}; other shapes use the scalar kernel.
+
+use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
+use cubecl::prelude::*;
+
+use super::cube::{THREADS, bitlen, load_decays, row};
+
+/// Edge of one tensor-core tile.
+pub const TILE: usize = 16;
+/// Planes (warps of 32 lanes) per cube.
+const PLANES: usize = THREADS / 32;
+/// Byte alignment of the shared buffers that tiles are loaded from or stored to.
+const ALIGN: usize = 128;
+
+/// The forward op `out[t] = Σ_{s≤t} λ[t, ℓ(t,s)] e^{Γt−Γs} (q_t·k_s) v_s` on tensor cores.
+///
+/// Shapes: `q, k: [B, T, H, nk]`, `v: [B, T, H, width]` (dtype `E`: bf16 or f16),
+/// `g: [B, T, H]`, `lambda: [B, T, H, levels]` (dtype `G`); `out: [B, T, H, width]` (f32);
+/// `states`: `tiles·B·H·nlev·nk·pt` f32 scratch. Grid `(B·H, tiles)`, [`THREADS`] units.
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+pub fn causal_tc_kernel<E: Float, G: Float>(
+    q: &Tensor<E>,
+    k: &Tensor<E>,
+    v: &Tensor<E>,
+    g: &Tensor<G>,
+    lambda: &Tensor<G>,
+    out: &mut Tensor<f32>,
+    states: &mut Tensor<f32>,
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    width: usize,
+    #[comptime] chunk: usize,
+    #[comptime] nk: usize,
+    #[comptime] pt: usize,
+    #[comptime] levels: usize,
+    #[comptime] nlev: usize,
+    #[define(E, G)] _dtypes: [ElemType; 2],
+) {
+    let bh = CUBE_POS_X as usize;
+    let tile = CUBE_POS_Y as usize;
+    let bi = bh / heads;
+    let h = bh % heads;
+    let u = UNIT_POS_X as usize;
+    let plane = u / 32;
+    let p0 = tile * pt;
+    let log_c = comptime!(chunk.trailing_zeros() as usize);
+    // Output mapping of the f32 accumulators in registers: lanes over value columns.
+    let pc = u % pt;
+    let rbase = u / pt;
+    let rstep = comptime!(THREADS / pt);
+    let rows_out = comptime!(chunk / (THREADS / pt));
+    let ct = comptime!(chunk / TILE);
+    let pt_tiles = comptime!(pt / TILE);
+    let nk_tiles = comptime!(nk / TILE);
+    let level_size = comptime!(nk * pt);
+    let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt);
+
+    let mut qb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * nk), ALIGN);
+    let mut kb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * nk), ALIGN);
+    let mut vb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * pt), ALIGN);
+    let mut vt = Shared::<[E]>::new_aligned_slice(comptime!(chunk * pt), ALIGN);
+    let mut sb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * chunk), ALIGN);
+    let mut hb = Shared::<[E]>::new_aligned_slice(comptime!(nk * pt), ALIGN);
+    // Staging of every product's f32 result: scores, S̃V, QH, the key state.
+    let stage_size = comptime!(stage_len(chunk, nk, pt));
+    let mut stage = Shared::<[f32]>::new_aligned_slice(stage_size, ALIGN);
+    let mut lam = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
+    let mut graw = Shared::<[f32]>::new_slice(chunk);
+    let mut gam = Shared::<[f32]>::new_slice(chunk);
+    let mut kd = Shared::<[f32]>::new_slice(chunk);
+    let mut eg = Shared::<[f32]>::new_slice(chunk);
+    let mut scale = Shared::<[f32]>::new_slice(comptime!(nlev.max(1)));
+
+    if u < nlev {
+        scale[u] = 1.0f32;
+    }
+    let zero = E::cast_from(0.0f32);
+    let n_chunks = seq.div_ceil(chunk);
+
+    for j in 0..n_chunks {
+        let t0 = j * chunk;
+        // (1) Load q, k (row-major) and the value tile in the input dtype; zero past the end.
+        let mut idx = u;
+        while idx < comptime!(chunk * nk) {
+            let t = t0 + idx / nk;
+            let mut qv = zero;
+            let mut kv = zero;
+            if t < seq {
+                let off = row(bi, t, h, seq, heads, nk) + idx % nk;
+                qv = q[off];
+                kv = k[off];
+            }
+            qb[idx] = qv;
+            kb[idx] = kv;
+            idx += THREADS;
+        }
+        idx = u;
+        while idx < comptime!(chunk * pt) {
+            let t = t0 + idx / pt;
+            let p = p0 + idx % pt;
+            let mut x = zero;
+            if t < seq && p < width {
+                x = v[row(bi, t, h, seq, heads, width) + p];
+            }
+            vb[idx] = x;
+            idx += THREADS;
+        }
+        load_decays::<G>(
+            g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
+            chunk, levels,
+        );
+        // Key-decayed values kd ⊙ V for this chunk's key state.
+        idx = u;
+        while idx < comptime!(chunk * pt) {
+            vt[idx] = E::cast_from(f32::cast_from(vb[idx]) * kd[idx / pt]);
+            idx += THREADS;
+        }
+
+        // (2) Scores Q Kᵀ, lower-triangular tiles (Kᵀ is K read column-major).
+        let mut st = plane;
+        while st < comptime!(ct * ct) {
+            let ti = st / ct;
+            let tj = st % ct;
+            if tj <= ti {
+                let acc = Matrix::<f32>::from_value(
+                    MatrixIdent::Accumulator,
+                    TILE,
+                    TILE,
+                    TILE,
+                    MatrixLayout::Undefined,
+                    0.0f32,
+                );
+                for kk in 0..nk_tiles {
+                    let a = Matrix::<E>::from_slice(
+                        MatrixIdent::A,
+                        TILE,
+                        TILE,
+                        TILE,
+                        MatrixLayout::RowMajor,
+                        &qb.slice(ti * TILE * nk + kk * TILE, chunk * nk),
+                        nk as u32,
+                    );
+                    let b = Matrix::<E>::from_slice(
+                        MatrixIdent::B,
+                        TILE,
+                        TILE,
+                        TILE,
+                        MatrixLayout::ColMajor,
+                        &kb.slice(tj * TILE * nk + kk * TILE, chunk * nk),
+                        nk as u32,
+                    );
+                    cmma::execute(&a, &b, &acc, &acc);
+                }
+                cmma::store(
+                    &mut stage.slice_mut(ti * TILE * chunk + tj * TILE, stage_size),
+                    &acc,
+                    chunk as u32,
+                    MatrixLayout::RowMajor,
+                );
+            }
+            st += PLANES;
+        }
+        sync_cube();
+        // Weights: e^{γi−γj} λ[i, ℓ(i,j)] below the diagonal, zero above.
+        idx = u;
+        while idx < comptime!(chunk * chunk) {
+            let i = idx / chunk;
+            let jj = idx % chunk;
+            let mut s = 0.0f32;
+            if jj <= i {
+                let lvl = bitlen(i ^ jj);
+                if lvl < levels {
+                    s = stage[idx] * (gam[i] - gam[jj]).exp() * lam[i * levels + lvl];
+                }
+            }
+            sb[idx] = E::cast_from(s);
+            idx += THREADS;
+        }
+        sync_cube();
+
+        // (3) In-chunk output S̃ V.
+        tile_products::<E>(
+            &sb, &vb, &mut stage, plane, chunk, chunk, pt, true, stage_size,
+        );
+        sync_cube();
+        let mut acc = Array::<f32>::new(rows_out);
+        #[unroll]
+        for r in 0..rows_out {
+            acc[r] = stage[(rbase + r * rstep) * pt + pc];
+        }
+        sync_cube();
+        // (4) Earlier chunks: chunk level i is read when bit i−1 of j is set.
+        for lvi in 0..nlev {
+            let token_level = log_c + lvi + 1;
+            if (j >> lvi) & 1 == 1 && token_level < levels {
+                let base = state_base + lvi * level_size;
+                idx = u;
+                while idx < comptime!(nk * pt) {
+                    hb[idx] = E::cast_from(states[base + idx]);
+                    idx += THREADS;
+                }
+                sync_cube();
+                tile_products::<E>(
+                    &qb, &hb, &mut stage, plane, chunk, nk, pt, false, stage_size,
+                );
+                sync_cube();
+                let f = scale[lvi];
+                #[unroll]
+                for r in 0..rows_out {
+                    let i = rbase + r * rstep;
+                    acc[r] += stage[i * pt + pc] * f * eg[i] * lam[i * levels + token_level];
+                }
+                sync_cube();
+            }
+        }
+        #[unroll]
+        for r in 0..rows_out {
+            let t = t0 + rbase + r * rstep;
+            let p = p0 + pc;
+            if t < seq && p < width {
+                out[row(bi, t, h, seq, heads, width) + p] = acc[r];
+            }
+        }
+        // (5) This chunk's key state Kᵀ (kd ⊙ V) joins every level whose period has chunk j in
+        // its first half; the first chunk of a period starts it afresh.
+        if nlev > 0 {
+            let mut kt_tile = plane;
+            while kt_tile < comptime!(nk_tiles * pt_tiles) {
+                let tn = kt_tile / pt_tiles;
+                let tp = kt_tile % pt_tiles;
+                let acc_kv = Matrix::<f32>::from_value(
+                    MatrixIdent::Accumulator,
+                    TILE,
+                    TILE,
+                    TILE,
+                    MatrixLayout::Undefined,
+                    0.0f32,
+                );
+                for kk in 0..ct {
+                    // Kᵀ tile (tn, kk): element (n, i) at i·nk + n, i.e. K read column-major.
+                    let a = Matrix::<E>::from_slice(
+                        MatrixIdent::A,
+                        TILE,
+                        TILE,
+                        TILE,
+                        MatrixLayout::ColMajor,
+                        &kb.slice(kk * TILE * nk + tn * TILE, chunk * nk),
+                        nk as u32,
+                    );
+                    let b = Matrix::<E>::from_slice(
+                        MatrixIdent::B,
+                        TILE,
+                        TILE,
+                        TILE,
+                        MatrixLayout::RowMajor,
+                        &vt.slice(kk * TILE * pt + tp * TILE, chunk * pt),
+                        pt as u32,
+                    );
+                    cmma::execute(&a, &b, &acc_kv, &acc_kv);
+                }
+                cmma::store(
+                    &mut stage.slice_mut(tn * TILE * pt + tp * TILE, stage_size),
+                    &acc_kv,
+                    pt as u32,
+                    MatrixLayout::RowMajor,
+                );
+                kt_tile += PLANES;
+            }
+            sync_cube();
+            let chunk_decay = eg[comptime!(chunk - 1)];
+            for lvi in 0..nlev {
+                if (j >> lvi) & 1 == 0 {
+                    let base = state_base + lvi * level_size;
+                    let fresh = j % (2usize << lvi) == 0;
+                    let f = scale[lvi] * chunk_decay;
+                    idx = u;
+                    while idx < comptime!(nk * pt) {
+                        let mut old = 0.0f32;
+                        if !fresh {
+                            old = states[base + idx] * f;
+                        }
+                        states[base + idx] = old + stage[idx];
+                        idx += THREADS;
+                    }
+                }
+            }
+        }
+        sync_storage();
+        if u < nlev {
+            if (j >> u) & 1 == 0 {
+                scale[u] = 1.0f32;
+            } else {
+                scale[u] *= eg[comptime!(chunk - 1)];
+            }
+        }
+        sync_cube();
+    }
+}
+
+/// `stage[rows × cols] = a[rows × inner] · b[inner × cols]` (both row-major in the input dtype,
+/// f32 result row-major), one 16×16 output tile per plane at a time. With `causal`, `a` is
+/// lower-triangular in tiles (`inner == rows`) and the zero tiles above the diagonal are skipped.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn tile_products<E: Float>(
+    a: &Shared<[E]>,
+    b: &Shared<[E]>,
+    stage: &mut Shared<[f32]>,
+    plane: usize,
+    #[comptime] rows: usize,
+    #[comptime] inner: usize,
+    #[comptime] cols: usize,
+    #[comptime] causal: bool,
+    #[comptime] stage_size: usize,
+) {
+    let col_tiles = comptime!(cols / TILE);
+    let inner_tiles = comptime!(inner / TILE);
+    let mut ot = plane;
+    while ot < comptime!(rows / TILE * (cols / TILE)) {
+        let ti = ot / col_tiles;
+        let tp = ot % col_tiles;
+        let acc = Matrix::<f32>::from_value(
+            MatrixIdent::Accumulator,
+            TILE,
+            TILE,
+            TILE,
+            MatrixLayout::Undefined,
+            0.0f32,
+        );
+        for kk in 0..inner_tiles {
+            // Tiles above the diagonal of a causal `a` are zero.
+            if !causal || kk <= ti {
+                let am = Matrix::<E>::from_slice(
+                    MatrixIdent::A,
+                    TILE,
+                    TILE,
+                    TILE,
+                    MatrixLayout::RowMajor,
+                    &a.slice(ti * TILE * inner + kk * TILE, rows * inner),
+                    inner as u32,
+                );
+                let bm = Matrix::<E>::from_slice(
+                    MatrixIdent::B,
+                    TILE,
+                    TILE,
+                    TILE,
+                    MatrixLayout::RowMajor,
+                    &b.slice(kk * TILE * cols + tp * TILE, inner * cols),
+                    cols as u32,
+                );
+                cmma::execute(&am, &bm, &acc, &acc);
+            }
+        }
+        cmma::store(
+            &mut stage.slice_mut(ti * TILE * cols + tp * TILE, stage_size),
+            &acc,
+            cols as u32,
+            MatrixLayout::RowMajor,
+        );
+        ot += PLANES;
+    }
+}
+
+/// f32 elements of the staging buffer: the largest product result (scores `C × C`, outputs
+/// `C × pt`, key state `nk × pt`).
+pub const fn stage_len(chunk: usize, nk: usize, pt: usize) -> usize {
+    let mut len = chunk * chunk;
+    if chunk * pt > len {
+        len = chunk * pt;
+    }
+    if nk * pt > len {
+        len = nk * pt;
+    }
+    len
+}
+
+/// Shared memory (bytes) of one cube of [`causal_tc_kernel`] with `elem` bytes per input
+/// element, plus the alignment padding of the seven aligned buffers.
+pub fn tc_shared_bytes(chunk: usize, nk: usize, pt: usize, levels: usize, elem: usize) -> usize {
+    let inputs = elem * (2 * chunk * nk + 2 * chunk * pt + chunk * chunk + nk * pt);
+    let floats = stage_len(chunk, nk, pt) + chunk * levels + 4 * chunk + 32;
+    inputs + 4 * floats + 7 * ALIGN
+}
