@@ -371,9 +371,63 @@ pub fn bench_op(cfg: &OpBench, device: &Device) -> Result<String> {
                     bytes / (fwd / 1e3) / 1e9
                 ),
             );
+            if ones && form == Form::Fused && !fallback {
+                mamba2_row(&mut out, &x, b, t, cfg.runs, device)?;
+            }
         }
     }
     Ok(out)
+}
+
+/// The λ ≡ 1 baseline without the Fenwick levels: our tensor-core Mamba-2 (one state), forward
+/// only, checked first against the log-linear op with λ ≡ 1 on the same inputs.
+#[cfg(feature = "kernels")]
+fn mamba2_row(
+    out: &mut String,
+    x: &LogLinearInput,
+    b: usize,
+    t: usize,
+    runs: usize,
+    device: &Device,
+) -> Result<()> {
+    let Ok(o) = loglinear::kernels::mamba2(x) else {
+        emit(
+            out,
+            &format!(
+                "| fused Mamba-2 | {t} | {b} | – | no tensor-core path for these inputs | | | | |\n"
+            ),
+        );
+        return Ok(());
+    };
+    let reference = log_linear_attn(x, Form::Fused, None, false).o;
+    let scale = reference.clone().abs().max().into_scalar::<f64>();
+    let err = (o - reference).abs().max().into_scalar::<f64>() / scale.max(1e-30);
+    if err > 3e-2 {
+        bail!("fused Mamba-2 differs from the op with λ ≡ 1 by {err:.2e} of the largest entry");
+    }
+    let fwd = time_ms(2, runs, device, || {
+        let _ = loglinear::kernels::mamba2(x);
+    });
+    emit(
+        out,
+        &format!(
+            "| fused Mamba-2 (one state; vs λ ≡ 1 op: {err:.1e}) | {t} | {b} | – | {fwd:.2} | – | {:.0} | | |\n",
+            (b * t) as f64 / (fwd / 1e3)
+        ),
+    );
+    Ok(())
+}
+
+#[cfg(not(feature = "kernels"))]
+fn mamba2_row(
+    _out: &mut String,
+    _x: &LogLinearInput,
+    _b: usize,
+    _t: usize,
+    _runs: usize,
+    _device: &Device,
+) -> Result<()> {
+    Ok(())
 }
 
 /// Per-token decoding latency and cache size of the log-linear model against a softmax

@@ -5,6 +5,7 @@ use burn::tensor::{DType, Shape};
 use burn_cubecl::CubeDevice;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::ops::reshape;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::features::MmaConfig;
 use cubecl::ir::{ElemType, FloatKind};
@@ -188,7 +189,7 @@ pub fn causal(
     let [bs, t, h, nk, width, levels] = dims(&a, &c, &lambda);
     let dl = w.is_some();
     if !dl && let Some(plan) = plan_tensor_core(&a, nk, width, levels, bs * h) {
-        return causal_tensor_core(a, b, c, g, lambda, plan);
+        return causal_tensor_core(a, b, c, g, lambda, plan, false);
     }
     let client = a.client.clone();
     let device = a.device.clone();
@@ -523,7 +524,20 @@ fn plan_tensor_core(
     None
 }
 
-/// The forward on tensor cores ([`causal_tc_kernel`]) with `plan`.
+/// Mamba-2 (SSD), `o[t] = Σ_{s≤t} e^{Γt−Γs} (q_t·k_s) v_s` as f32 `[B, T, H, P]`: the tensor-core
+/// forward with one state instead of the Fenwick levels (λ ≡ 1 without the levels), or `None`
+/// where the tensor-core path cannot run (see [`plan_tensor_core`]).
+pub fn mamba2(q: CubeTensor, k: CubeTensor, v: CubeTensor, g: CubeTensor) -> Option<CubeTensor> {
+    let [bs, t, h, nk] = q.meta.shape().dims::<4>();
+    let width = v.meta.shape()[3];
+    let plan = plan_tensor_core(&q, nk, width, 1, bs * h)?;
+    // The kernel reads a λ of one level it then ignores: g itself, viewed as [B, T, H, 1].
+    let g = into_contiguous(g);
+    let lambda = reshape(g.clone(), Shape::new([bs, t, h, 1]));
+    Some(causal_tensor_core(q, k, v, g, lambda, plan, true))
+}
+
+/// The forward on tensor cores ([`causal_tc_kernel`]) with `plan`; `single`: Mamba-2.
 fn causal_tensor_core(
     q: CubeTensor,
     k: CubeTensor,
@@ -531,6 +545,7 @@ fn causal_tensor_core(
     g: CubeTensor,
     lambda: CubeTensor,
     plan: Plan,
+    single: bool,
 ) -> CubeTensor {
     let [bs, t, h, nk, width, levels] = dims(&q, &v, &lambda);
     let client = q.client.clone();
@@ -540,7 +555,11 @@ fn causal_tensor_core(
         dtype_to_storage_type(g.dtype),
     ];
     let tiles = width.div_ceil(plan.pt);
-    let nlev = bitlen(t.div_ceil(plan.chunk) - 1);
+    let nlev = if single {
+        usize::from(t > plan.chunk)
+    } else {
+        bitlen(t.div_ceil(plan.chunk) - 1)
+    };
     let alloc = |shape: Vec<usize>| {
         empty_device_contiguous_dtype(
             client.clone(),
@@ -571,6 +590,7 @@ fn causal_tensor_core(
         plan.pt,
         levels,
         nlev,
+        single,
         dtypes,
     );
     out

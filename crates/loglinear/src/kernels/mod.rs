@@ -45,6 +45,16 @@ pub trait LogLinearKernels: Backend {
         lambda: FloatTensor<Self>,
     ) -> FloatTensor<Self>;
 
+    /// Mamba-2 (SSD) on tensor cores, `o[t] = Σ_{s≤t} e^{Γt−Γs} (q_t·k_s) v_s` in the dtype of
+    /// `q`, or `None` where the tensor-core path cannot run. Forward only (no gradient is
+    /// tracked): the single-state baseline that `bench op --lambda-one` times the op against.
+    fn mamba2_fused(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+    ) -> Option<FloatTensor<Self>>;
+
     /// `(dq, dk, dv, dg, dλ)` in the dtypes of the inputs, from the inputs and the output
     /// gradient `grad: [B, T, H, P]` (dtype of `q`).
     #[allow(clippy::type_complexity)]
@@ -77,6 +87,16 @@ impl LogLinearKernels for CubeBackend {
         let dtype = q.dtype;
         let o = launch::causal(q, k, v, g, lambda, None);
         cast(o, dtype)
+    }
+
+    fn mamba2_fused(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+    ) -> Option<FloatTensor<Self>> {
+        let dtype = q.dtype;
+        launch::mamba2(q, k, v, g).map(|o| cast(o, dtype))
     }
 
     fn log_linear_fused_backward(
@@ -244,6 +264,21 @@ impl<B: Backend + LogLinearKernels, C: CheckpointStrategy> LogLinearKernels for 
         }
     }
 
+    fn mamba2_fused(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+    ) -> Option<FloatTensor<Self>> {
+        let o = B::mamba2_fused(
+            q.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            g.into_primitive(),
+        )?;
+        Some(<Self as AutodiffBackend>::from_inner(o))
+    }
+
     fn log_linear_fused_backward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -327,6 +362,23 @@ pub fn fused(x: &LogLinearInput) -> Result<Tensor<4>, String> {
         x.g.clone().into_dispatch(),
         x.lambda.clone().into_dispatch(),
     );
+    Ok(Tensor::from_dispatch(o))
+}
+
+/// Mamba-2 (SSD) on the tensor cores of a CubeCL device, `o[t] = Σ_{s≤t} e^{Γt−Γs} (q_t·k_s) v_s`
+/// from `x` without its λ (forward only, no gradient), or why it cannot run: the single-state
+/// baseline of the op (λ ≡ 1 without the Fenwick levels).
+pub fn mamba2(x: &LogLinearInput) -> Result<Tensor<4>, String> {
+    if !is_cube_device(&x.device()) {
+        return Err("the device has no CubeCL kernels".into());
+    }
+    let o = <burn::backend::Dispatch as LogLinearKernels>::mamba2_fused(
+        x.q.clone().into_dispatch(),
+        x.k.clone().into_dispatch(),
+        x.v.clone().into_dispatch(),
+        x.g.clone().into_dispatch(),
+    )
+    .ok_or("no tensor-core path for these inputs (needs bf16/f16, N a multiple of 16, cmma)")?;
     Ok(Tensor::from_dispatch(o))
 }
 

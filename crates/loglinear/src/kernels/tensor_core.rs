@@ -30,6 +30,10 @@ const ALIGN: usize = 128;
 
 /// The forward op `out[t] = Σ_{s≤t} λ[t, ℓ(t,s)] e^{Γt−Γs} (q_t·k_s) v_s` on tensor cores.
 ///
+/// With `single`, Mamba-2 (SSD) instead: `out[t] = Σ_{s≤t} e^{Γt−Γs} (q_t·k_s) v_s`, λ ignored,
+/// `nlev = 1` state read and rewritten by every chunk — the λ ≡ 1 case of the op without its
+/// Fenwick levels, the baseline that log-linear attention's extra state passes are measured by.
+///
 /// Shapes: `q, k: [B, T, H, nk]`, `v: [B, T, H, width]` (dtype `E`: bf16 or f16),
 /// `g: [B, T, H]`, `lambda: [B, T, H, levels]` (dtype `G`); `out: [B, T, H, width]` (f32);
 /// `states`: `tiles·B·H·nlev·nk·pt` f32 scratch. Grid `(B·H, tiles)`, [`THREADS`] units.
@@ -52,6 +56,7 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
     #[comptime] pt: usize,
     #[comptime] levels: usize,
     #[comptime] nlev: usize,
+    #[comptime] single: bool,
     #[define(E, G)] _dtypes: [ElemType; 2],
 ) {
     let bh = CUBE_POS_X as usize;
@@ -187,7 +192,9 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
             let mut s = 0.0f32;
             if jj <= i {
                 let lvl = bitlen(i ^ jj);
-                if lvl < levels {
+                if single {
+                    s = stage[idx] * (gam[i] - gam[jj]).exp();
+                } else if lvl < levels {
                     s = stage[idx] * (gam[i] - gam[jj]).exp() * lam[i * levels + lvl];
                 }
             }
@@ -210,7 +217,11 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
         // (4) Earlier chunks: chunk level i is read when bit i−1 of j is set.
         for lvi in 0..nlev {
             let token_level = log_c + lvi + 1;
-            if (j >> lvi) & 1 == 1 && token_level < levels {
+            let mut read = (j >> lvi) & 1 == 1 && token_level < levels;
+            if single {
+                read = j > 0;
+            }
+            if read {
                 let base = state_base + lvi * level_size;
                 idx = u;
                 while idx < comptime!(nk * pt) {
@@ -226,7 +237,11 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
                 #[unroll]
                 for r in 0..rows_out {
                     let i = rbase + r * rstep;
-                    acc[r] += stage[i * pt + pc] * f * eg[i] * lam[i * levels + token_level];
+                    let mut w = f * eg[i];
+                    if !single {
+                        w *= lam[i * levels + token_level];
+                    }
+                    acc[r] += stage[i * pt + pc] * w;
                 }
                 sync_cube();
             }
@@ -287,9 +302,14 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
             sync_cube();
             let chunk_decay = eg[comptime!(chunk - 1)];
             for lvi in 0..nlev {
-                if (j >> lvi) & 1 == 0 {
+                let mut write = (j >> lvi) & 1 == 0;
+                let mut fresh = j % (2usize << lvi) == 0;
+                if single {
+                    write = true;
+                    fresh = j == 0;
+                }
+                if write {
                     let base = state_base + lvi * level_size;
-                    let fresh = j % (2usize << lvi) == 0;
                     let f = scale[lvi] * chunk_decay;
                     idx = u;
                     while idx < comptime!(nk * pt) {
@@ -305,7 +325,11 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
         }
         sync_storage();
         if u < nlev {
-            if (j >> u) & 1 == 0 {
+            let mut rewritten = (j >> u) & 1 == 0;
+            if single {
+                rewritten = true;
+            }
+            if rewritten {
                 scale[u] = 1.0f32;
             } else {
                 scale[u] *= eg[comptime!(chunk - 1)];
