@@ -14,6 +14,9 @@ use cubecl::prelude::*;
 use super::backward::{anticausal_backward_kernel, causal_backward_kernel, key_lanes};
 use super::cube::{THREADS, anticausal_kernel, causal_kernel};
 use super::tensor_core::{TILE, causal_tc_kernel, tc_shared_bytes};
+use super::tensor_core_backward::{
+    anticausal_backward_tc_kernel, causal_backward_tc_kernel, tc_backward_shared_bytes,
+};
 use crate::fenwick::bitlen;
 
 /// Chunk size and value-tile width of one launch.
@@ -391,9 +394,12 @@ pub fn backward(
     let g_dtype = g.dtype;
     let max_shared = max_shared_memory(&device);
     let parallel = Some((bs * h, multiprocessors(&device)));
-    let plan = plan_backward(nk, width, levels, t, max_shared, parallel).unwrap_or_else(|| {
-        panic!("log_linear_fused backward: no tile fits (N {nk}, P {width}, L {levels}, T {t})")
-    });
+    let tensor_cores = plan_tensor_core_backward(&q, nk, width, levels, bs * h);
+    let plan = tensor_cores
+        .or_else(|| plan_backward(nk, width, levels, t, max_shared, parallel))
+        .unwrap_or_else(|| {
+            panic!("log_linear_fused backward: no tile fits (N {nk}, P {width}, L {levels}, T {t})")
+        });
     let tiles = width.div_ceil(plan.pt);
     let nlev = bitlen(t.div_ceil(plan.chunk) - 1);
     let alloc = |shape: Vec<usize>| {
@@ -413,54 +419,105 @@ pub fn backward(
     let [q, k, v, g, lambda, d_o] = [q, k, v, g, lambda, d_o].map(into_contiguous);
     let dtypes = [dtype_to_storage_type(dtype), dtype_to_storage_type(g_dtype)];
     let cubes = CubeCount::Static((bs * h) as u32, tiles as u32, 1);
-    causal_backward_kernel::launch(
-        &client,
-        cubes.clone(),
-        CubeDim::new_1d(THREADS as u32),
-        q.clone().into_tensor_arg(),
-        k.clone().into_tensor_arg(),
-        v.clone().into_tensor_arg(),
-        d_o.clone().into_tensor_arg(),
-        g.clone().into_tensor_arg(),
-        lambda.clone().into_tensor_arg(),
-        dq.clone().into_tensor_arg(),
-        dl.clone().into_tensor_arg(),
-        states.clone().into_tensor_arg(),
-        bs,
-        t,
-        h,
-        width,
-        plan.chunk,
-        nk,
-        plan.pt,
-        levels,
-        nlev,
-        dtypes,
-    );
-    anticausal_backward_kernel::launch(
-        &client,
-        cubes,
-        CubeDim::new_1d(THREADS as u32),
-        q.into_tensor_arg(),
-        k.into_tensor_arg(),
-        v.into_tensor_arg(),
-        d_o.into_tensor_arg(),
-        g.into_tensor_arg(),
-        lambda.into_tensor_arg(),
-        dk.clone().into_tensor_arg(),
-        dv.clone().into_tensor_arg(),
-        states.into_tensor_arg(),
-        bs,
-        t,
-        h,
-        width,
-        plan.chunk,
-        nk,
-        plan.pt,
-        levels,
-        nlev,
-        dtypes,
-    );
+    if tensor_cores.is_some() {
+        causal_backward_tc_kernel::launch(
+            &client,
+            cubes.clone(),
+            CubeDim::new_1d(THREADS as u32),
+            q.clone().into_tensor_arg(),
+            k.clone().into_tensor_arg(),
+            v.clone().into_tensor_arg(),
+            d_o.clone().into_tensor_arg(),
+            g.clone().into_tensor_arg(),
+            lambda.clone().into_tensor_arg(),
+            dq.clone().into_tensor_arg(),
+            dl.clone().into_tensor_arg(),
+            states.clone().into_tensor_arg(),
+            bs,
+            t,
+            h,
+            width,
+            plan.chunk,
+            nk,
+            plan.pt,
+            levels,
+            nlev,
+            dtypes,
+        );
+        anticausal_backward_tc_kernel::launch(
+            &client,
+            cubes,
+            CubeDim::new_1d(THREADS as u32),
+            q.into_tensor_arg(),
+            k.into_tensor_arg(),
+            v.into_tensor_arg(),
+            d_o.into_tensor_arg(),
+            g.into_tensor_arg(),
+            lambda.into_tensor_arg(),
+            dk.clone().into_tensor_arg(),
+            dv.clone().into_tensor_arg(),
+            states.into_tensor_arg(),
+            bs,
+            t,
+            h,
+            width,
+            plan.chunk,
+            nk,
+            plan.pt,
+            levels,
+            nlev,
+            dtypes,
+        );
+    } else {
+        causal_backward_kernel::launch(
+            &client,
+            cubes.clone(),
+            CubeDim::new_1d(THREADS as u32),
+            q.clone().into_tensor_arg(),
+            k.clone().into_tensor_arg(),
+            v.clone().into_tensor_arg(),
+            d_o.clone().into_tensor_arg(),
+            g.clone().into_tensor_arg(),
+            lambda.clone().into_tensor_arg(),
+            dq.clone().into_tensor_arg(),
+            dl.clone().into_tensor_arg(),
+            states.clone().into_tensor_arg(),
+            bs,
+            t,
+            h,
+            width,
+            plan.chunk,
+            nk,
+            plan.pt,
+            levels,
+            nlev,
+            dtypes,
+        );
+        anticausal_backward_kernel::launch(
+            &client,
+            cubes,
+            CubeDim::new_1d(THREADS as u32),
+            q.into_tensor_arg(),
+            k.into_tensor_arg(),
+            v.into_tensor_arg(),
+            d_o.into_tensor_arg(),
+            g.into_tensor_arg(),
+            lambda.into_tensor_arg(),
+            dk.clone().into_tensor_arg(),
+            dv.clone().into_tensor_arg(),
+            states.into_tensor_arg(),
+            bs,
+            t,
+            h,
+            width,
+            plan.chunk,
+            nk,
+            plan.pt,
+            levels,
+            nlev,
+            dtypes,
+        );
+    }
     (dq, dl, dk, dv)
 }
 
@@ -475,6 +532,38 @@ fn plan_tensor_core(
     width: usize,
     levels: usize,
     cubes: usize,
+) -> Option<Plan> {
+    plan_tc(q, nk, width, cubes, |chunk, pt| {
+        tc_shared_bytes(chunk, nk, pt, levels, 2)
+    })
+}
+
+/// The tensor-core backward's tiles (both kernels must fit), as [`plan_tensor_core`].
+fn plan_tensor_core_backward(
+    q: &CubeTensor,
+    nk: usize,
+    width: usize,
+    levels: usize,
+    cubes: usize,
+) -> Option<Plan> {
+    plan_tc(q, nk, width, cubes, |chunk, pt| {
+        [true, false]
+            .into_iter()
+            .map(|causal| tc_backward_shared_bytes(chunk, nk, pt, levels, 2, causal))
+            .max()
+            .unwrap_or(0)
+    })
+}
+
+/// Tensor-core tiles for inputs like `q` whose cubes need `shared(chunk, pt)` bytes: the
+/// preferred chunk (then 32), the widest value tile that fits and keeps two cubes per
+/// multiprocessor busy; `None` where the path cannot run.
+fn plan_tc(
+    q: &CubeTensor,
+    nk: usize,
+    width: usize,
+    cubes: usize,
+    shared: impl Fn(usize, usize) -> usize,
 ) -> Option<Plan> {
     if matches!(std::env::var("LOGLINEAR_FUSED_TC").as_deref(), Ok("0")) {
         return None;
@@ -499,27 +588,29 @@ fn plan_tensor_core(
     if !props.features.matmul.cmma.contains(&mma) {
         return None;
     }
-    let chunk = std::env::var("LOGLINEAR_TC_CHUNK")
+    let first = std::env::var("LOGLINEAR_TC_CHUNK")
         .ok()
         .and_then(|s| s.parse().ok())
         .filter(|c| [32, 64].contains(c))
         .unwrap_or(64);
     let max_shared = props.hardware.max_shared_memory_size;
     let sms = multiprocessors(&q.device);
-    let mut pt = 64;
-    while pt > 16 && pt / 2 >= width {
-        pt /= 2;
-    }
-    while pt >= 16 {
-        let starved = pt > 16 && cubes * width.div_ceil(pt) < 2 * sms;
-        if !starved && tc_shared_bytes(chunk, nk, pt, levels, 2) <= max_shared {
-            return Some(Plan {
-                chunk,
-                pt,
-                shared_states: false,
-            });
+    for chunk in [first, 32].into_iter().filter(|&c| c <= first) {
+        let mut pt = 64;
+        while pt > 16 && pt / 2 >= width {
+            pt /= 2;
         }
-        pt /= 2;
+        while pt >= 16 {
+            let starved = pt > 16 && cubes * width.div_ceil(pt) < 2 * sms;
+            if !starved && shared(chunk, pt) <= max_shared {
+                return Some(Plan {
+                    chunk,
+                    pt,
+                    shared_states: false,
+                });
+            }
+            pt /= 2;
+        }
     }
     None
 }

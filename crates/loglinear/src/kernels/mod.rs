@@ -16,6 +16,7 @@ pub mod backward;
 pub mod cube;
 pub mod launch;
 pub mod tensor_core;
+pub mod tensor_core_backward;
 
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;

@@ -24,9 +24,9 @@ use super::cube::{THREADS, bitlen, load_decays, row};
 /// Edge of one tensor-core tile.
 pub const TILE: usize = 16;
 /// Planes (warps of 32 lanes) per cube.
-const PLANES: usize = THREADS / 32;
+pub const PLANES: usize = THREADS / 32;
 /// Byte alignment of the shared buffers that tiles are loaded from or stored to.
-const ALIGN: usize = 128;
+pub const ALIGN: usize = 128;
 
 /// The forward op `out[t] = Σ_{s≤t} λ[t, ℓ(t,s)] e^{Γt−Γs} (q_t·k_s) v_s` on tensor cores.
 ///
@@ -72,9 +72,6 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
     let rbase = u / pt;
     let rstep = comptime!(THREADS / pt);
     let rows_out = comptime!(chunk / (THREADS / pt));
-    let ct = comptime!(chunk / TILE);
-    let pt_tiles = comptime!(pt / TILE);
-    let nk_tiles = comptime!(nk / TILE);
     let level_size = comptime!(nk * pt);
     let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt);
 
@@ -97,92 +94,30 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
     if u < nlev {
         scale[u] = 1.0f32;
     }
-    let zero = E::cast_from(0.0f32);
     let n_chunks = seq.div_ceil(chunk);
 
     for j in 0..n_chunks {
         let t0 = j * chunk;
         // (1) Load q, k (row-major) and the value tile in the input dtype; zero past the end.
-        let mut idx = u;
-        while idx < comptime!(chunk * nk) {
-            let t = t0 + idx / nk;
-            let mut qv = zero;
-            let mut kv = zero;
-            if t < seq {
-                let off = row(bi, t, h, seq, heads, nk) + idx % nk;
-                qv = q[off];
-                kv = k[off];
-            }
-            qb[idx] = qv;
-            kb[idx] = kv;
-            idx += THREADS;
-        }
-        idx = u;
-        while idx < comptime!(chunk * pt) {
-            let t = t0 + idx / pt;
-            let p = p0 + idx % pt;
-            let mut x = zero;
-            if t < seq && p < width {
-                x = v[row(bi, t, h, seq, heads, width) + p];
-            }
-            vb[idx] = x;
-            idx += THREADS;
-        }
+        load_rows::<E>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
+        load_rows::<E>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
+        load_rows::<E>(v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt);
         load_decays::<G>(
             g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
             chunk, levels,
         );
         // Key-decayed values kd ⊙ V for this chunk's key state.
-        idx = u;
+        let mut idx = u;
         while idx < comptime!(chunk * pt) {
             vt[idx] = E::cast_from(f32::cast_from(vb[idx]) * kd[idx / pt]);
             idx += THREADS;
         }
 
         // (2) Scores Q Kᵀ, lower-triangular tiles (Kᵀ is K read column-major).
-        let mut st = plane;
-        while st < comptime!(ct * ct) {
-            let ti = st / ct;
-            let tj = st % ct;
-            if tj <= ti {
-                let acc = Matrix::<f32>::from_value(
-                    MatrixIdent::Accumulator,
-                    TILE,
-                    TILE,
-                    TILE,
-                    MatrixLayout::Undefined,
-                    0.0f32,
-                );
-                for kk in 0..nk_tiles {
-                    let a = Matrix::<E>::from_slice(
-                        MatrixIdent::A,
-                        TILE,
-                        TILE,
-                        TILE,
-                        MatrixLayout::RowMajor,
-                        &qb.slice(ti * TILE * nk + kk * TILE, chunk * nk),
-                        nk as u32,
-                    );
-                    let b = Matrix::<E>::from_slice(
-                        MatrixIdent::B,
-                        TILE,
-                        TILE,
-                        TILE,
-                        MatrixLayout::ColMajor,
-                        &kb.slice(tj * TILE * nk + kk * TILE, chunk * nk),
-                        nk as u32,
-                    );
-                    cmma::execute(&a, &b, &acc, &acc);
-                }
-                cmma::store(
-                    &mut stage.slice_mut(ti * TILE * chunk + tj * TILE, stage_size),
-                    &acc,
-                    chunk as u32,
-                    MatrixLayout::RowMajor,
-                );
-            }
-            st += PLANES;
-        }
+        tile_matmul::<E>(
+            &qb, &kb, &mut stage, plane, chunk, nk, chunk, false, nk, true, nk, FULL, LOWER,
+            stage_size,
+        );
         sync_cube();
         // Weights: e^{γi−γj} λ[i, ℓ(i,j)] below the diagonal, zero above.
         idx = u;
@@ -204,8 +139,9 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
         sync_cube();
 
         // (3) In-chunk output S̃ V.
-        tile_products::<E>(
-            &sb, &vb, &mut stage, plane, chunk, chunk, pt, true, stage_size,
+        tile_matmul::<E>(
+            &sb, &vb, &mut stage, plane, chunk, chunk, pt, false, chunk, false, pt, LOWER, FULL,
+            stage_size,
         );
         sync_cube();
         let mut acc = Array::<f32>::new(rows_out);
@@ -229,8 +165,9 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
                     idx += THREADS;
                 }
                 sync_cube();
-                tile_products::<E>(
-                    &qb, &hb, &mut stage, plane, chunk, nk, pt, false, stage_size,
+                tile_matmul::<E>(
+                    &qb, &hb, &mut stage, plane, chunk, nk, pt, false, nk, false, pt, FULL, FULL,
+                    stage_size,
                 );
                 sync_cube();
                 let f = scale[lvi];
@@ -257,48 +194,11 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
         // (5) This chunk's key state Kᵀ (kd ⊙ V) joins every level whose period has chunk j in
         // its first half; the first chunk of a period starts it afresh.
         if nlev > 0 {
-            let mut kt_tile = plane;
-            while kt_tile < comptime!(nk_tiles * pt_tiles) {
-                let tn = kt_tile / pt_tiles;
-                let tp = kt_tile % pt_tiles;
-                let acc_kv = Matrix::<f32>::from_value(
-                    MatrixIdent::Accumulator,
-                    TILE,
-                    TILE,
-                    TILE,
-                    MatrixLayout::Undefined,
-                    0.0f32,
-                );
-                for kk in 0..ct {
-                    // Kᵀ tile (tn, kk): element (n, i) at i·nk + n, i.e. K read column-major.
-                    let a = Matrix::<E>::from_slice(
-                        MatrixIdent::A,
-                        TILE,
-                        TILE,
-                        TILE,
-                        MatrixLayout::ColMajor,
-                        &kb.slice(kk * TILE * nk + tn * TILE, chunk * nk),
-                        nk as u32,
-                    );
-                    let b = Matrix::<E>::from_slice(
-                        MatrixIdent::B,
-                        TILE,
-                        TILE,
-                        TILE,
-                        MatrixLayout::RowMajor,
-                        &vt.slice(kk * TILE * pt + tp * TILE, chunk * pt),
-                        pt as u32,
-                    );
-                    cmma::execute(&a, &b, &acc_kv, &acc_kv);
-                }
-                cmma::store(
-                    &mut stage.slice_mut(tn * TILE * pt + tp * TILE, stage_size),
-                    &acc_kv,
-                    pt as u32,
-                    MatrixLayout::RowMajor,
-                );
-                kt_tile += PLANES;
-            }
+            // Kᵀ (kd ⊙ V): Kᵀ is K read column-major.
+            tile_matmul::<E>(
+                &kb, &vt, &mut stage, plane, nk, chunk, pt, true, nk, false, pt, FULL, FULL,
+                stage_size,
+            );
             sync_cube();
             let chunk_decay = eg[comptime!(chunk - 1)];
             for lvi in 0..nlev {
@@ -339,12 +239,22 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
     }
 }
 
-/// `stage[rows × cols] = a[rows × inner] · b[inner × cols]` (both row-major in the input dtype,
-/// f32 result row-major), one 16×16 output tile per plane at a time. With `causal`, `a` is
-/// lower-triangular in tiles (`inner == rows`) and the zero tiles above the diagonal are skipped.
+/// No triangular structure.
+pub const FULL: u32 = 0;
+/// Lower-triangular in tiles (tile column ≤ tile row).
+pub const LOWER: u32 = 1;
+/// Upper-triangular in tiles (tile column ≥ tile row).
+pub const UPPER: u32 = 2;
+
+/// `stage[rows × cols]` (f32, row-major) `= A · B`, one 16×16 output tile per plane at a time.
+/// `A` (`rows × inner`) is read from `a` row-major (`a[r·lda + k]`) or, with `a_col`,
+/// column-major (`a[k·lda + r]`, i.e. the transpose of a row-major buffer); `B` (`inner × cols`)
+/// likewise from `b` (`b_col`: `b[c·ldb + k]`). `a_tri` skips the zero tiles of a triangular `A`
+/// (`inner == rows`); `out_tri` computes only the output tiles of that triangle (the rest of
+/// `stage` is left as it was).
 #[allow(clippy::too_many_arguments)]
 #[cube]
-fn tile_products<E: Float>(
+pub fn tile_matmul<E: Float>(
     a: &Shared<[E]>,
     b: &Shared<[E]>,
     stage: &mut Shared<[f32]>,
@@ -352,53 +262,93 @@ fn tile_products<E: Float>(
     #[comptime] rows: usize,
     #[comptime] inner: usize,
     #[comptime] cols: usize,
-    #[comptime] causal: bool,
+    #[comptime] a_col: bool,
+    #[comptime] lda: usize,
+    #[comptime] b_col: bool,
+    #[comptime] ldb: usize,
+    #[comptime] a_tri: u32,
+    #[comptime] out_tri: u32,
     #[comptime] stage_size: usize,
 ) {
     let col_tiles = comptime!(cols / TILE);
     let inner_tiles = comptime!(inner / TILE);
+    let a_len = comptime!(if a_col { inner * lda } else { rows * lda });
+    let b_len = comptime!(if b_col { cols * ldb } else { inner * ldb });
+    let a_layout = comptime!(if a_col {
+        MatrixLayout::ColMajor
+    } else {
+        MatrixLayout::RowMajor
+    });
+    let b_layout = comptime!(if b_col {
+        MatrixLayout::ColMajor
+    } else {
+        MatrixLayout::RowMajor
+    });
     let mut ot = plane;
     while ot < comptime!(rows / TILE * (cols / TILE)) {
         let ti = ot / col_tiles;
         let tp = ot % col_tiles;
-        let acc = Matrix::<f32>::from_value(
-            MatrixIdent::Accumulator,
-            TILE,
-            TILE,
-            TILE,
-            MatrixLayout::Undefined,
-            0.0f32,
-        );
-        for kk in 0..inner_tiles {
-            // Tiles above the diagonal of a causal `a` are zero.
-            if !causal || kk <= ti {
-                let am = Matrix::<E>::from_slice(
-                    MatrixIdent::A,
-                    TILE,
-                    TILE,
-                    TILE,
-                    MatrixLayout::RowMajor,
-                    &a.slice(ti * TILE * inner + kk * TILE, rows * inner),
-                    inner as u32,
-                );
-                let bm = Matrix::<E>::from_slice(
-                    MatrixIdent::B,
-                    TILE,
-                    TILE,
-                    TILE,
-                    MatrixLayout::RowMajor,
-                    &b.slice(kk * TILE * cols + tp * TILE, inner * cols),
-                    cols as u32,
-                );
-                cmma::execute(&am, &bm, &acc, &acc);
-            }
+        let mut wanted = true;
+        if out_tri == LOWER {
+            wanted = tp <= ti;
         }
-        cmma::store(
-            &mut stage.slice_mut(ti * TILE * cols + tp * TILE, stage_size),
-            &acc,
-            cols as u32,
-            MatrixLayout::RowMajor,
-        );
+        if out_tri == UPPER {
+            wanted = tp >= ti;
+        }
+        if wanted {
+            let acc = Matrix::<f32>::from_value(
+                MatrixIdent::Accumulator,
+                TILE,
+                TILE,
+                TILE,
+                MatrixLayout::Undefined,
+                0.0f32,
+            );
+            for kk in 0..inner_tiles {
+                let mut nonzero = true;
+                if a_tri == LOWER {
+                    nonzero = kk <= ti;
+                }
+                if a_tri == UPPER {
+                    nonzero = kk >= ti;
+                }
+                if nonzero {
+                    let mut a_off = ti * TILE * lda + kk * TILE;
+                    if a_col {
+                        a_off = kk * TILE * lda + ti * TILE;
+                    }
+                    let mut b_off = kk * TILE * ldb + tp * TILE;
+                    if b_col {
+                        b_off = tp * TILE * ldb + kk * TILE;
+                    }
+                    let am = Matrix::<E>::from_slice(
+                        MatrixIdent::A,
+                        TILE,
+                        TILE,
+                        TILE,
+                        a_layout,
+                        &a.slice(a_off, a_len),
+                        lda as u32,
+                    );
+                    let bm = Matrix::<E>::from_slice(
+                        MatrixIdent::B,
+                        TILE,
+                        TILE,
+                        TILE,
+                        b_layout,
+                        &b.slice(b_off, b_len),
+                        ldb as u32,
+                    );
+                    cmma::execute(&am, &bm, &acc, &acc);
+                }
+            }
+            cmma::store(
+                &mut stage.slice_mut(ti * TILE * cols + tp * TILE, stage_size),
+                &acc,
+                cols as u32,
+                MatrixLayout::RowMajor,
+            );
+        }
         ot += PLANES;
     }
 }
@@ -422,4 +372,35 @@ pub fn tc_shared_bytes(chunk: usize, nk: usize, pt: usize, levels: usize, elem: 
     let inputs = elem * (2 * chunk * nk + 2 * chunk * pt + chunk * chunk + nk * pt);
     let floats = stage_len(chunk, nk, pt) + chunk * levels + 4 * chunk + 32;
     inputs + 4 * floats + 7 * ALIGN
+}
+
+/// `buf[i·cols + c] = x[b, t0 + i, h, c0 + c]` for a chunk of rows, in the input dtype (zero
+/// past the end of the sequence or of the `width` columns). The caller's next barrier publishes it.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+pub fn load_rows<E: Float>(
+    x: &Tensor<E>,
+    buf: &mut Shared<[E]>,
+    u: usize,
+    t0: usize,
+    c0: usize,
+    bi: usize,
+    h: usize,
+    seq: usize,
+    heads: usize,
+    width: usize,
+    #[comptime] chunk: usize,
+    #[comptime] cols: usize,
+) {
+    let mut idx = u;
+    while idx < comptime!(chunk * cols) {
+        let t = t0 + idx / cols;
+        let c = c0 + idx % cols;
+        let mut val = E::cast_from(0.0f32);
+        if t < seq && c < width {
+            val = x[row(bi, t, h, seq, heads, width) + c];
+        }
+        buf[idx] = val;
+        idx += THREADS;
+    }
 }

@@ -1,0 +1,526 @@
+//! The fused backward on tensor cores (bf16 / f16 inputs; launched from `launch.rs`): the two
+//! kernels of `backward.rs` — same formulas, same states, same chunk walks — with every product
+//! as `cmma` 16×16×16 tiles through [`tile_matmul`], and the elementwise steps (weights, decays,
+//! state merges, the dλ row sums) as f32 scalar code between them.
+//!
+//! Accumulators live in registers under a flat mapping (unit `u` owns elements `u + r·THREADS`
+//! of a row-major `rows × cols` result), so reading a product out of the staging buffer is one
+//! conflict-free pass.
+
+use cubecl::prelude::*;
+
+use super::cube::{THREADS, bitlen, load_decays, row};
+use super::tensor_core::{ALIGN, FULL, LOWER, UPPER, load_rows, tile_matmul};
+
+/// f32 elements of the backward kernels' staging buffer: the largest product (`C × C`,
+/// `C × nk`, `C × pt`, `nk × pt`).
+pub const fn stage_len_backward(chunk: usize, nk: usize, pt: usize) -> usize {
+    let mut len = chunk * chunk;
+    if chunk * nk > len {
+        len = chunk * nk;
+    }
+    if chunk * pt > len {
+        len = chunk * pt;
+    }
+    if nk * pt > len {
+        len = nk * pt;
+    }
+    len
+}
+
+/// Shared memory (bytes) of one cube of the causal (`causal`) or anticausal tensor-core backward
+/// kernel with `elem` bytes per input element.
+pub fn tc_backward_shared_bytes(
+    chunk: usize,
+    nk: usize,
+    pt: usize,
+    levels: usize,
+    elem: usize,
+    causal: bool,
+) -> usize {
+    let square = chunk * chunk.max(pt);
+    let inputs = if causal {
+        // q, k, v, dO, kd ⊙ v, the dq weights, one level state
+        elem * (2 * chunk * nk + 3 * chunk * pt + chunk * chunk + nk * pt)
+    } else {
+        // q, k, v, dO, the dv and dk weights (the first reused for λ-weighted dO), one state
+        elem * (2 * chunk * nk + 2 * chunk * pt + 2 * square + nk * pt)
+    };
+    let mut floats = stage_len_backward(chunk, nk, pt) + chunk * levels + 4 * chunk + 32;
+    if causal {
+        floats += chunk * chunk;
+    }
+    inputs + 4 * floats + 10 * ALIGN
+}
+
+/// Causal half of the backward on tensor cores: `dq` and `dλ` per value tile, as
+/// [`causal_backward_kernel`](super::backward::causal_backward_kernel) but with the level states
+/// key-major (`[nk][pt]`, as the forward's).
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+pub fn causal_backward_tc_kernel<E: Float, G: Float>(
+    q: &Tensor<E>,
+    k: &Tensor<E>,
+    v: &Tensor<E>,
+    d_o: &Tensor<E>,
+    g: &Tensor<G>,
+    lambda: &Tensor<G>,
+    dq: &mut Tensor<f32>,
+    dl: &mut Tensor<f32>,
+    states: &mut Tensor<f32>,
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    width: usize,
+    #[comptime] chunk: usize,
+    #[comptime] nk: usize,
+    #[comptime] pt: usize,
+    #[comptime] levels: usize,
+    #[comptime] nlev: usize,
+    #[define(E, G)] _dtypes: [ElemType; 2],
+) {
+    let bh = CUBE_POS_X as usize;
+    let tile = CUBE_POS_Y as usize;
+    let bi = bh / heads;
+    let h = bh % heads;
+    let u = UNIT_POS_X as usize;
+    let plane = u / 32;
+    let p0 = tile * pt;
+    let log_c = comptime!(chunk.trailing_zeros() as usize);
+    let rows_q = comptime!(chunk * nk / THREADS);
+    let level_size = comptime!(nk * pt);
+    let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt);
+    let stage_size = comptime!(stage_len_backward(chunk, nk, pt));
+
+    let mut qb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * nk), ALIGN);
+    let mut kb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * nk), ALIGN);
+    let mut vb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * pt), ALIGN);
+    let mut ob = Shared::<[E]>::new_aligned_slice(comptime!(chunk * pt), ALIGN);
+    let mut vt = Shared::<[E]>::new_aligned_slice(comptime!(chunk * pt), ALIGN);
+    let mut sc = Shared::<[E]>::new_aligned_slice(comptime!(chunk * chunk), ALIGN);
+    let mut hb = Shared::<[E]>::new_aligned_slice(comptime!(nk * pt), ALIGN);
+    let mut stage = Shared::<[f32]>::new_aligned_slice(stage_size, ALIGN);
+    let mut sd = Shared::<[f32]>::new_slice(comptime!(chunk * chunk));
+    let mut lam = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
+    let mut graw = Shared::<[f32]>::new_slice(chunk);
+    let mut gam = Shared::<[f32]>::new_slice(chunk);
+    let mut kd = Shared::<[f32]>::new_slice(chunk);
+    let mut eg = Shared::<[f32]>::new_slice(chunk);
+    let mut scale = Shared::<[f32]>::new_slice(comptime!(nlev.max(1)));
+
+    if u < nlev {
+        scale[u] = 1.0f32;
+    }
+    let n_chunks = seq.div_ceil(chunk);
+
+    for j in 0..n_chunks {
+        let t0 = j * chunk;
+        load_rows::<E>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
+        load_rows::<E>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
+        load_rows::<E>(v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt);
+        load_rows::<E>(d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt);
+        load_decays::<G>(
+            g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
+            chunk, levels,
+        );
+        let mut idx = u;
+        while idx < comptime!(chunk * pt) {
+            vt[idx] = E::cast_from(f32::cast_from(vb[idx]) * kd[idx / pt]);
+            idx += THREADS;
+        }
+        // A = Q Kᵀ (lower tiles); keep e^{γt−γs} A in f32 for dλ.
+        tile_matmul::<E>(
+            &qb, &kb, &mut stage, plane, chunk, nk, chunk, false, nk, true, nk, FULL, LOWER,
+            stage_size,
+        );
+        sync_cube();
+        idx = u;
+        while idx < comptime!(chunk * chunk) {
+            let i = idx / chunk;
+            let jj = idx % chunk;
+            let mut x = 0.0f32;
+            if jj <= i {
+                x = stage[idx] * (gam[i] - gam[jj]).exp();
+            }
+            sd[idx] = x;
+            idx += THREADS;
+        }
+        sync_cube();
+        // B = dO Vᵀ (lower tiles): sd = e A B (dλ terms), sc = λ e B (dq weights).
+        tile_matmul::<E>(
+            &ob, &vb, &mut stage, plane, chunk, pt, chunk, false, pt, true, pt, FULL, LOWER,
+            stage_size,
+        );
+        sync_cube();
+        idx = u;
+        while idx < comptime!(chunk * chunk) {
+            let i = idx / chunk;
+            let jj = idx % chunk;
+            let mut w = 0.0f32;
+            let mut x = 0.0f32;
+            if jj <= i {
+                let bv = stage[idx];
+                x = sd[idx] * bv;
+                let lvl = bitlen(i ^ jj);
+                if lvl < levels {
+                    w = lam[i * levels + lvl] * (gam[i] - gam[jj]).exp() * bv;
+                }
+            }
+            sd[idx] = x;
+            sc[idx] = E::cast_from(w);
+            idx += THREADS;
+        }
+        sync_cube();
+        // dλ of the in-chunk levels: level-segmented row sums (one owner unit per row).
+        let dl_t = t0 + u;
+        let dl_row = (((tile * batch + bi) * seq + dl_t) * heads + h) * levels;
+        if u < chunk && dl_t < seq {
+            for lvl in 0..levels {
+                let mut sum = 0.0f32;
+                if lvl <= log_c {
+                    for jj in 0..chunk {
+                        if jj <= u && bitlen(u ^ jj) == lvl {
+                            sum += sd[u * chunk + jj];
+                        }
+                    }
+                }
+                dl[dl_row + lvl] = sum;
+            }
+        }
+        // dq in-chunk: sc K.
+        tile_matmul::<E>(
+            &sc, &kb, &mut stage, plane, chunk, chunk, nk, false, chunk, false, nk, LOWER, FULL,
+            stage_size,
+        );
+        sync_cube();
+        let mut acc = Array::<f32>::new(rows_q);
+        #[unroll]
+        for r in 0..rows_q {
+            acc[r] = stage[u + r * THREADS];
+        }
+        sync_cube();
+        // Earlier chunks (bit i−1 of j set): X = dO Hᵀ (`C × nk`), dq += λ e f X and
+        // dλ = e f q·X (row sums by one owner unit per row).
+        for lvi in 0..nlev {
+            let token_level = log_c + lvi + 1;
+            if (j >> lvi) & 1 == 1 && token_level < levels {
+                let base = state_base + lvi * level_size;
+                idx = u;
+                while idx < comptime!(nk * pt) {
+                    hb[idx] = E::cast_from(states[base + idx]);
+                    idx += THREADS;
+                }
+                sync_cube();
+                // Hᵀ: the key-major state read column-major.
+                tile_matmul::<E>(
+                    &ob, &hb, &mut stage, plane, chunk, pt, nk, false, pt, true, pt, FULL, FULL,
+                    stage_size,
+                );
+                sync_cube();
+                let f = scale[lvi];
+                #[unroll]
+                for r in 0..rows_q {
+                    let i = (u + r * THREADS) / nk;
+                    acc[r] += stage[u + r * THREADS] * f * eg[i] * lam[i * levels + token_level];
+                }
+                if u < chunk && dl_t < seq {
+                    let mut s = 0.0f32;
+                    for n in 0..nk {
+                        s += f32::cast_from(qb[u * nk + n]) * stage[u * nk + n];
+                    }
+                    dl[dl_row + token_level] = s * f * eg[u];
+                }
+                sync_cube();
+            }
+        }
+        #[unroll]
+        for r in 0..rows_q {
+            let e = u + r * THREADS;
+            let t = t0 + e / nk;
+            if t < seq {
+                dq[(((tile * batch + bi) * seq + t) * heads + h) * nk + e % nk] = acc[r];
+            }
+        }
+        // This chunk's key state Kᵀ (kd ⊙ V) joins the levels whose period has chunk j in its
+        // first half (the forward's state, key-major).
+        if nlev > 0 {
+            tile_matmul::<E>(
+                &kb, &vt, &mut stage, plane, nk, chunk, pt, true, nk, false, pt, FULL, FULL,
+                stage_size,
+            );
+            sync_cube();
+            let chunk_decay = eg[comptime!(chunk - 1)];
+            for lvi in 0..nlev {
+                if (j >> lvi) & 1 == 0 {
+                    let base = state_base + lvi * level_size;
+                    let fresh = j % (2usize << lvi) == 0;
+                    let f = scale[lvi] * chunk_decay;
+                    idx = u;
+                    while idx < comptime!(nk * pt) {
+                        let mut old = 0.0f32;
+                        if !fresh {
+                            old = states[base + idx] * f;
+                        }
+                        states[base + idx] = old + stage[idx];
+                        idx += THREADS;
+                    }
+                }
+            }
+        }
+        sync_storage();
+        if u < nlev {
+            if (j >> u) & 1 == 0 {
+                scale[u] = 1.0f32;
+            } else {
+                scale[u] *= eg[comptime!(chunk - 1)];
+            }
+        }
+        sync_cube();
+    }
+}
+
+/// Anticausal half of the backward on tensor cores: `dv` (this value tile) and `dk` (per value
+/// tile), as [`anticausal_backward_kernel`](super::backward::anticausal_backward_kernel).
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+pub fn anticausal_backward_tc_kernel<E: Float, G: Float>(
+    q: &Tensor<E>,
+    k: &Tensor<E>,
+    v: &Tensor<E>,
+    d_o: &Tensor<E>,
+    g: &Tensor<G>,
+    lambda: &Tensor<G>,
+    dk: &mut Tensor<f32>,
+    dv: &mut Tensor<f32>,
+    states: &mut Tensor<f32>,
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    width: usize,
+    #[comptime] chunk: usize,
+    #[comptime] nk: usize,
+    #[comptime] pt: usize,
+    #[comptime] levels: usize,
+    #[comptime] nlev: usize,
+    #[define(E, G)] _dtypes: [ElemType; 2],
+) {
+    let bh = CUBE_POS_X as usize;
+    let tile = CUBE_POS_Y as usize;
+    let bi = bh / heads;
+    let h = bh % heads;
+    let u = UNIT_POS_X as usize;
+    let plane = u / 32;
+    let p0 = tile * pt;
+    let log_c = comptime!(chunk.trailing_zeros() as usize);
+    let rows_k = comptime!(chunk * nk / THREADS);
+    let rows_v = comptime!(chunk * pt / THREADS);
+    let level_size = comptime!(nk * pt);
+    let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt);
+    let stage_size = comptime!(stage_len_backward(chunk, nk, pt));
+    let square = comptime!(chunk * if chunk > pt { chunk } else { pt });
+
+    let mut qb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * nk), ALIGN);
+    let mut kb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * nk), ALIGN);
+    let mut vb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * pt), ALIGN);
+    let mut ob = Shared::<[E]>::new_aligned_slice(comptime!(chunk * pt), ALIGN);
+    // `sa`: the dv weights, then (per level update) λ-weighted dO; `sb`: the dk weights.
+    let mut sa = Shared::<[E]>::new_aligned_slice(square, ALIGN);
+    let mut sb = Shared::<[E]>::new_aligned_slice(square, ALIGN);
+    let mut gb = Shared::<[E]>::new_aligned_slice(comptime!(nk * pt), ALIGN);
+    let mut stage = Shared::<[f32]>::new_aligned_slice(stage_size, ALIGN);
+    let mut lam = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
+    let mut graw = Shared::<[f32]>::new_slice(chunk);
+    let mut gam = Shared::<[f32]>::new_slice(chunk);
+    let mut kd = Shared::<[f32]>::new_slice(chunk);
+    let mut eg = Shared::<[f32]>::new_slice(chunk);
+    let mut scale = Shared::<[f32]>::new_slice(comptime!(nlev.max(1)));
+
+    if u < nlev {
+        scale[u] = 1.0f32;
+    }
+    // A period whose later half lies past the end is read before anything was added to it.
+    let mut idx = u;
+    while idx < comptime!(nlev * nk * pt) {
+        states[state_base + idx] = 0.0f32;
+        idx += THREADS;
+    }
+    sync_storage();
+    let n_chunks = seq.div_ceil(chunk);
+
+    for step in 0..n_chunks {
+        let j = n_chunks - 1 - step;
+        let t0 = j * chunk;
+        load_rows::<E>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
+        load_rows::<E>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
+        load_rows::<E>(v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt);
+        load_rows::<E>(d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt);
+        load_decays::<G>(
+            g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
+            chunk, levels,
+        );
+        // Row s, column t ≥ s: A = K Qᵀ, B = V dOᵀ (upper tiles), each times
+        // W = λ[t, ℓ(t,s)] e^{γt−γs}.
+        tile_matmul::<E>(
+            &kb, &qb, &mut stage, plane, chunk, nk, chunk, false, nk, true, nk, FULL, UPPER,
+            stage_size,
+        );
+        sync_cube();
+        idx = u;
+        while idx < comptime!(chunk * chunk) {
+            let si = idx / chunk;
+            let tj = idx % chunk;
+            let mut x = 0.0f32;
+            if tj >= si {
+                let lvl = bitlen(si ^ tj);
+                if lvl < levels {
+                    x = stage[idx] * (gam[tj] - gam[si]).exp() * lam[tj * levels + lvl];
+                }
+            }
+            sa[idx] = E::cast_from(x);
+            idx += THREADS;
+        }
+        sync_cube();
+        tile_matmul::<E>(
+            &vb, &ob, &mut stage, plane, chunk, pt, chunk, false, pt, true, pt, FULL, UPPER,
+            stage_size,
+        );
+        sync_cube();
+        idx = u;
+        while idx < comptime!(chunk * chunk) {
+            let si = idx / chunk;
+            let tj = idx % chunk;
+            let mut x = 0.0f32;
+            if tj >= si {
+                let lvl = bitlen(si ^ tj);
+                if lvl < levels {
+                    x = stage[idx] * (gam[tj] - gam[si]).exp() * lam[tj * levels + lvl];
+                }
+            }
+            sb[idx] = E::cast_from(x);
+            idx += THREADS;
+        }
+        sync_cube();
+        // dv = (W ⊙ A) dO, dk = (W ⊙ B) Q (upper-triangular weights).
+        tile_matmul::<E>(
+            &sa, &ob, &mut stage, plane, chunk, chunk, pt, false, chunk, false, pt, UPPER, FULL,
+            stage_size,
+        );
+        sync_cube();
+        let mut acc_v = Array::<f32>::new(rows_v);
+        #[unroll]
+        for r in 0..rows_v {
+            acc_v[r] = stage[u + r * THREADS];
+        }
+        sync_cube();
+        tile_matmul::<E>(
+            &sb, &qb, &mut stage, plane, chunk, chunk, nk, false, chunk, false, nk, UPPER, FULL,
+            stage_size,
+        );
+        sync_cube();
+        let mut acc_k = Array::<f32>::new(rows_k);
+        #[unroll]
+        for r in 0..rows_k {
+            acc_k[r] = stage[u + r * THREADS];
+        }
+        sync_cube();
+        // Later chunks (bit i−1 of j clear): dv += kd f K G, dk += kd f V Gᵀ.
+        for lvi in 0..nlev {
+            let token_level = log_c + lvi + 1;
+            if (j >> lvi) & 1 == 0 && token_level < levels {
+                let base = state_base + lvi * level_size;
+                idx = u;
+                while idx < comptime!(nk * pt) {
+                    gb[idx] = E::cast_from(states[base + idx]);
+                    idx += THREADS;
+                }
+                sync_cube();
+                let f = scale[lvi];
+                tile_matmul::<E>(
+                    &kb, &gb, &mut stage, plane, chunk, nk, pt, false, nk, false, pt, FULL, FULL,
+                    stage_size,
+                );
+                sync_cube();
+                #[unroll]
+                for r in 0..rows_v {
+                    let i = (u + r * THREADS) / pt;
+                    acc_v[r] += stage[u + r * THREADS] * f * kd[i];
+                }
+                sync_cube();
+                // Gᵀ: the key-major state read column-major.
+                tile_matmul::<E>(
+                    &vb, &gb, &mut stage, plane, chunk, pt, nk, false, pt, true, pt, FULL, FULL,
+                    stage_size,
+                );
+                sync_cube();
+                #[unroll]
+                for r in 0..rows_k {
+                    let i = (u + r * THREADS) / nk;
+                    acc_k[r] += stage[u + r * THREADS] * f * kd[i];
+                }
+                sync_cube();
+            }
+        }
+        #[unroll]
+        for r in 0..rows_v {
+            let e = u + r * THREADS;
+            let t = t0 + e / pt;
+            let p = p0 + e % pt;
+            if t < seq && p < width {
+                dv[row(bi, t, h, seq, heads, width) + p] = acc_v[r];
+            }
+        }
+        #[unroll]
+        for r in 0..rows_k {
+            let e = u + r * THREADS;
+            let t = t0 + e / nk;
+            if t < seq {
+                dk[(((tile * batch + bi) * seq + t) * heads + h) * nk + e % nk] = acc_k[r];
+            }
+        }
+        // Updates (bit i−1 of j set): G += Qᵀ (λ[·, ℓ] e^{γ} ⊙ dO), one product per level.
+        let chunk_decay = eg[comptime!(chunk - 1)];
+        for lvi in 0..nlev {
+            let token_level = log_c + lvi + 1;
+            if (j >> lvi) & 1 == 1 && token_level < levels {
+                idx = u;
+                while idx < comptime!(chunk * pt) {
+                    let i = idx / pt;
+                    sa[idx] = E::cast_from(
+                        f32::cast_from(ob[idx]) * eg[i] * lam[i * levels + token_level],
+                    );
+                    idx += THREADS;
+                }
+                sync_cube();
+                // Qᵀ: q read column-major.
+                tile_matmul::<E>(
+                    &qb, &sa, &mut stage, plane, nk, chunk, pt, true, nk, false, pt, FULL, FULL,
+                    stage_size,
+                );
+                sync_cube();
+                let base = state_base + lvi * level_size;
+                let period = 2usize << lvi;
+                let fresh = j % period == period - 1;
+                let f = scale[lvi] * chunk_decay;
+                idx = u;
+                while idx < comptime!(nk * pt) {
+                    let mut old = 0.0f32;
+                    if !fresh {
+                        old = states[base + idx] * f;
+                    }
+                    states[base + idx] = old + stage[idx];
+                    idx += THREADS;
+                }
+                sync_cube();
+            }
+        }
+        sync_storage();
+        if u < nlev {
+            if (j >> u) & 1 == 1 && log_c + u + 1 < levels {
+                scale[u] = 1.0f32;
+            } else {
+                scale[u] *= eg[comptime!(chunk - 1)];
+            }
+        }
+        sync_cube();
+    }
+}
