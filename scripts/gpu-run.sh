@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine: scripts/gpu-run.sh STEP... where STEP is one of
-#   smoke | commands | kernels | op | op-ab | op-tc | op-fused | op-chunks | op-long | op-chunked | train | train-short
+#   smoke | commands | kernels | op | op-ab | op-tc | op-final | train-fused | op-fused | op-chunks | op-long | op-chunked | train | train-short
 #   | train-long | train-32k | decode
 #   | mqar-timing
 #   | sweep:CONFIG:JOBS[:SET,SET...] | lm-eval:NAME
@@ -58,6 +58,16 @@ op-tc)
     step "bench op bf16, fused, tensor-core forward (chunk 32)"
     LOGLINEAR_TC_CHUNK=32 timeout 120 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 2048,8192 2>&1 | tee "$out/bench_op_fused_tc32.txt"
     ;;
+op-final)
+    step "bench op bf16, fused (tensor cores fwd and bwd, chunk 64), λ learned and ≡ 1, fused Mamba-2"
+    timeout 240 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 2048,8192,32768 --lambda-one 2>&1 | tee "$out/bench_op_fused_final.txt"
+    step "bench op bf16, fused (tensor cores, chunk 32)"
+    LOGLINEAR_TC_CHUNK=32 timeout 100 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 2048,8192 2>&1 | tee "$out/bench_op_fused_final_c32.txt"
+    ;;
+train-fused)
+    step "bench train T=512 batch 64 (bf16, fused), λ linear"
+    timeout 80 $bin bench train --device cuda --runs 3 --form fused --modes linear 2>&1 | tee "$out/bench_train_fused_512.txt"
+    ;;
 op-long)
     step "bench op bf16, fused, T = 32768 (B = 4) and 131072 (B = 1), λ learned and ≡ 1"
     timeout 300 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 32768,131072 --lambda-one 2>&1 | tee "$out/bench_op_fused_long.txt"
@@ -82,6 +92,7 @@ commands)
     timeout 120 $bin train experiments/lm_cpu.toml --device cuda --out $d/lm --set train.steps=20 --set eval.every=20 2>&1 | tail -1
     timeout 60 $bin generate --run $d/lm --prompt "The state of the union" --max-tokens 20 --device cuda 2>&1 | tail -2
     timeout 60 $bin bench decode --device cuda --contexts 1024 --steps 5 2>&1 | tail -2
+    timeout 100 $bin demo --device cuda --out $d/demo 2>&1 | tail -4
     ;;
 train-long)
     step "bench train T=8192 batch 4"

@@ -115,8 +115,8 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
 
         // (2) Scores Q Kᵀ, lower-triangular tiles (Kᵀ is K read column-major).
         tile_matmul::<E>(
-            &qb, &kb, &mut stage, plane, chunk, nk, chunk, false, nk, true, nk, FULL, LOWER,
-            stage_size,
+            &qb, &qb, &kb, &kb, &mut stage, plane, chunk, nk, chunk, false, nk, true, nk, FULL,
+            LOWER, EXACT, stage_size,
         );
         sync_cube();
         // Weights: e^{γi−γj} λ[i, ℓ(i,j)] below the diagonal, zero above.
@@ -140,8 +140,8 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
 
         // (3) In-chunk output S̃ V.
         tile_matmul::<E>(
-            &sb, &vb, &mut stage, plane, chunk, chunk, pt, false, chunk, false, pt, LOWER, FULL,
-            stage_size,
+            &sb, &sb, &vb, &vb, &mut stage, plane, chunk, chunk, pt, false, chunk, false, pt,
+            LOWER, FULL, EXACT, stage_size,
         );
         sync_cube();
         let mut acc = Array::<f32>::new(rows_out);
@@ -166,8 +166,8 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
                 }
                 sync_cube();
                 tile_matmul::<E>(
-                    &qb, &hb, &mut stage, plane, chunk, nk, pt, false, nk, false, pt, FULL, FULL,
-                    stage_size,
+                    &qb, &qb, &hb, &hb, &mut stage, plane, chunk, nk, pt, false, nk, false, pt,
+                    FULL, FULL, EXACT, stage_size,
                 );
                 sync_cube();
                 let f = scale[lvi];
@@ -196,8 +196,8 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
         if nlev > 0 {
             // Kᵀ (kd ⊙ V): Kᵀ is K read column-major.
             tile_matmul::<E>(
-                &kb, &vt, &mut stage, plane, nk, chunk, pt, true, nk, false, pt, FULL, FULL,
-                stage_size,
+                &kb, &kb, &vt, &vt, &mut stage, plane, nk, chunk, pt, true, nk, false, pt, FULL,
+                FULL, EXACT, stage_size,
             );
             sync_cube();
             let chunk_decay = eg[comptime!(chunk - 1)];
@@ -246,17 +246,28 @@ pub const LOWER: u32 = 1;
 /// Upper-triangular in tiles (tile column ≥ tile row).
 pub const UPPER: u32 = 2;
 
+/// Operands as they are.
+pub const EXACT: u32 = 0;
+/// `A = a + a2`: an f32 operand split into its rounding to the input dtype and the remainder,
+/// two products instead of one, ≈ 16 mantissa bits instead of 8.
+pub const SPLIT_A: u32 = 1;
+/// `B = b + b2`, likewise.
+pub const SPLIT_B: u32 = 2;
+
 /// `stage[rows × cols]` (f32, row-major) `= A · B`, one 16×16 output tile per plane at a time.
 /// `A` (`rows × inner`) is read from `a` row-major (`a[r·lda + k]`) or, with `a_col`,
 /// column-major (`a[k·lda + r]`, i.e. the transpose of a row-major buffer); `B` (`inner × cols`)
 /// likewise from `b` (`b_col`: `b[c·ldb + k]`). `a_tri` skips the zero tiles of a triangular `A`
 /// (`inner == rows`); `out_tri` computes only the output tiles of that triangle (the rest of
-/// `stage` is left as it was).
+/// `stage` is left as it was). With `split` ([`SPLIT_A`] / [`SPLIT_B`]) the operand is `a + a2`
+/// (`b + b2`, same layout); with [`EXACT`], `a2` and `b2` are not read.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 pub fn tile_matmul<E: Float>(
     a: &Shared<[E]>,
+    a2: &Shared<[E]>,
     b: &Shared<[E]>,
+    b2: &Shared<[E]>,
     stage: &mut Shared<[f32]>,
     plane: usize,
     #[comptime] rows: usize,
@@ -268,6 +279,7 @@ pub fn tile_matmul<E: Float>(
     #[comptime] ldb: usize,
     #[comptime] a_tri: u32,
     #[comptime] out_tri: u32,
+    #[comptime] split: u32,
     #[comptime] stage_size: usize,
 ) {
     let col_tiles = comptime!(cols / TILE);
@@ -340,6 +352,30 @@ pub fn tile_matmul<E: Float>(
                         ldb as u32,
                     );
                     cmma::execute(&am, &bm, &acc, &acc);
+                    if split == SPLIT_A {
+                        let am2 = Matrix::<E>::from_slice(
+                            MatrixIdent::A,
+                            TILE,
+                            TILE,
+                            TILE,
+                            a_layout,
+                            &a2.slice(a_off, a_len),
+                            lda as u32,
+                        );
+                        cmma::execute(&am2, &bm, &acc, &acc);
+                    }
+                    if split == SPLIT_B {
+                        let bm2 = Matrix::<E>::from_slice(
+                            MatrixIdent::B,
+                            TILE,
+                            TILE,
+                            TILE,
+                            b_layout,
+                            &b2.slice(b_off, b_len),
+                            ldb as u32,
+                        );
+                        cmma::execute(&am, &bm2, &acc, &acc);
+                    }
                 }
             }
             cmma::store(

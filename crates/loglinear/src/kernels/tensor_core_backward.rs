@@ -3,6 +3,13 @@
 //! as `cmma` 16×16×16 tiles through [`tile_matmul`], and the elementwise steps (weights, decays,
 //! state merges, the dλ row sums) as f32 scalar code between them.
 //!
+//! Operands computed in f32 (the in-chunk weights, the λ- or decay-weighted values, the level
+//! states) enter the tiles split in two, `x = hi + lo` with both parts in the input dtype: two
+//! products instead of one and ≈ 16 mantissa bits instead of 8. With one rounding, `dg` — a
+//! reverse cumulative sum of the differences `λ·dλ − v·dv` — lost 2 % of its largest entry at
+//! T = 4096 and did not cancel at T = 1 (measured on the H200). The diagonal of the `dv` weights
+//! is added in f32 outside the tiles, so that at T = 1 the two terms of `dΓ` agree exactly.
+//!
 //! Accumulators live in registers under a flat mapping (unit `u` owns elements `u + r·THREADS`
 //! of a row-major `rows × cols` result), so reading a product out of the staging buffer is one
 //! conflict-free pass.
@@ -10,7 +17,9 @@
 use cubecl::prelude::*;
 
 use super::cube::{THREADS, bitlen, load_decays, row};
-use super::tensor_core::{ALIGN, FULL, LOWER, UPPER, load_rows, tile_matmul};
+use super::tensor_core::{
+    ALIGN, EXACT, FULL, LOWER, SPLIT_A, SPLIT_B, UPPER, load_rows, tile_matmul,
+};
 
 /// f32 elements of the backward kernels' staging buffer: the largest product (`C × C`,
 /// `C × nk`, `C × pt`, `nk × pt`).
@@ -40,17 +49,18 @@ pub fn tc_backward_shared_bytes(
 ) -> usize {
     let square = chunk * chunk.max(pt);
     let inputs = if causal {
-        // q, k, v, dO, kd ⊙ v, the dq weights, one level state
-        elem * (2 * chunk * nk + 3 * chunk * pt + chunk * chunk + nk * pt)
+        // q, k, v, dO; kd ⊙ v, the dq weights and one level state, each split in two
+        elem * (2 * chunk * nk + 2 * chunk * pt + 2 * (chunk * pt + chunk * chunk + nk * pt))
     } else {
-        // q, k, v, dO, the dv and dk weights (the first reused for λ-weighted dO), one state
-        elem * (2 * chunk * nk + 2 * chunk * pt + 2 * square + nk * pt)
+        // q, k, v, dO; the dv and dk weights (the first reused for λ-weighted dO) and one
+        // state, each split in two
+        elem * (2 * chunk * nk + 2 * chunk * pt + 2 * (2 * square + nk * pt))
     };
-    let mut floats = stage_len_backward(chunk, nk, pt) + chunk * levels + 4 * chunk + 32;
+    let mut floats = stage_len_backward(chunk, nk, pt) + chunk * levels + 5 * chunk + 32;
     if causal {
         floats += chunk * chunk;
     }
-    inputs + 4 * floats + 10 * ALIGN
+    inputs + 4 * floats + 14 * ALIGN
 }
 
 /// Causal half of the backward on tensor cores: `dq` and `dλ` per value tile, as
@@ -96,9 +106,14 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float>(
     let mut kb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * nk), ALIGN);
     let mut vb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * pt), ALIGN);
     let mut ob = Shared::<[E]>::new_aligned_slice(comptime!(chunk * pt), ALIGN);
+    // Operands computed in f32 are split in two (`x = hi + lo`, both in the input dtype), so
+    // the gradients keep ≈ 16 mantissa bits where one rounding would keep 8.
     let mut vt = Shared::<[E]>::new_aligned_slice(comptime!(chunk * pt), ALIGN);
+    let mut vt_lo = Shared::<[E]>::new_aligned_slice(comptime!(chunk * pt), ALIGN);
     let mut sc = Shared::<[E]>::new_aligned_slice(comptime!(chunk * chunk), ALIGN);
+    let mut sc_lo = Shared::<[E]>::new_aligned_slice(comptime!(chunk * chunk), ALIGN);
     let mut hb = Shared::<[E]>::new_aligned_slice(comptime!(nk * pt), ALIGN);
+    let mut hb_lo = Shared::<[E]>::new_aligned_slice(comptime!(nk * pt), ALIGN);
     let mut stage = Shared::<[f32]>::new_aligned_slice(stage_size, ALIGN);
     let mut sd = Shared::<[f32]>::new_slice(comptime!(chunk * chunk));
     let mut lam = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
@@ -125,13 +140,16 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float>(
         );
         let mut idx = u;
         while idx < comptime!(chunk * pt) {
-            vt[idx] = E::cast_from(f32::cast_from(vb[idx]) * kd[idx / pt]);
+            let x = f32::cast_from(vb[idx]) * kd[idx / pt];
+            let hi = E::cast_from(x);
+            vt[idx] = hi;
+            vt_lo[idx] = E::cast_from(x - f32::cast_from(hi));
             idx += THREADS;
         }
         // A = Q Kᵀ (lower tiles); keep e^{γt−γs} A in f32 for dλ.
         tile_matmul::<E>(
-            &qb, &kb, &mut stage, plane, chunk, nk, chunk, false, nk, true, nk, FULL, LOWER,
-            stage_size,
+            &qb, &qb, &kb, &kb, &mut stage, plane, chunk, nk, chunk, false, nk, true, nk, FULL,
+            LOWER, EXACT, stage_size,
         );
         sync_cube();
         idx = u;
@@ -148,8 +166,8 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float>(
         sync_cube();
         // B = dO Vᵀ (lower tiles): sd = e A B (dλ terms), sc = λ e B (dq weights).
         tile_matmul::<E>(
-            &ob, &vb, &mut stage, plane, chunk, pt, chunk, false, pt, true, pt, FULL, LOWER,
-            stage_size,
+            &ob, &ob, &vb, &vb, &mut stage, plane, chunk, pt, chunk, false, pt, true, pt, FULL,
+            LOWER, EXACT, stage_size,
         );
         sync_cube();
         idx = u;
@@ -167,7 +185,9 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float>(
                 }
             }
             sd[idx] = x;
-            sc[idx] = E::cast_from(w);
+            let hi = E::cast_from(w);
+            sc[idx] = hi;
+            sc_lo[idx] = E::cast_from(w - f32::cast_from(hi));
             idx += THREADS;
         }
         sync_cube();
@@ -189,8 +209,8 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float>(
         }
         // dq in-chunk: sc K.
         tile_matmul::<E>(
-            &sc, &kb, &mut stage, plane, chunk, chunk, nk, false, chunk, false, nk, LOWER, FULL,
-            stage_size,
+            &sc, &sc_lo, &kb, &kb, &mut stage, plane, chunk, chunk, nk, false, chunk, false, nk,
+            LOWER, FULL, SPLIT_A, stage_size,
         );
         sync_cube();
         let mut acc = Array::<f32>::new(rows_q);
@@ -207,14 +227,17 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float>(
                 let base = state_base + lvi * level_size;
                 idx = u;
                 while idx < comptime!(nk * pt) {
-                    hb[idx] = E::cast_from(states[base + idx]);
+                    let x = states[base + idx];
+                    let hi = E::cast_from(x);
+                    hb[idx] = hi;
+                    hb_lo[idx] = E::cast_from(x - f32::cast_from(hi));
                     idx += THREADS;
                 }
                 sync_cube();
                 // Hᵀ: the key-major state read column-major.
                 tile_matmul::<E>(
-                    &ob, &hb, &mut stage, plane, chunk, pt, nk, false, pt, true, pt, FULL, FULL,
-                    stage_size,
+                    &ob, &ob, &hb, &hb_lo, &mut stage, plane, chunk, pt, nk, false, pt, true, pt,
+                    FULL, FULL, SPLIT_B, stage_size,
                 );
                 sync_cube();
                 let f = scale[lvi];
@@ -245,8 +268,8 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float>(
         // first half (the forward's state, key-major).
         if nlev > 0 {
             tile_matmul::<E>(
-                &kb, &vt, &mut stage, plane, nk, chunk, pt, true, nk, false, pt, FULL, FULL,
-                stage_size,
+                &kb, &kb, &vt, &vt_lo, &mut stage, plane, nk, chunk, pt, true, nk, false, pt, FULL,
+                FULL, SPLIT_B, stage_size,
             );
             sync_cube();
             let chunk_decay = eg[comptime!(chunk - 1)];
@@ -324,15 +347,20 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float>(
     let mut vb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * pt), ALIGN);
     let mut ob = Shared::<[E]>::new_aligned_slice(comptime!(chunk * pt), ALIGN);
     // `sa`: the dv weights, then (per level update) λ-weighted dO; `sb`: the dk weights.
+    // Operands computed in f32 are split in two (`x = hi + lo`), as in the causal kernel.
     let mut sa = Shared::<[E]>::new_aligned_slice(square, ALIGN);
+    let mut sa_lo = Shared::<[E]>::new_aligned_slice(square, ALIGN);
     let mut sb = Shared::<[E]>::new_aligned_slice(square, ALIGN);
+    let mut sb_lo = Shared::<[E]>::new_aligned_slice(square, ALIGN);
     let mut gb = Shared::<[E]>::new_aligned_slice(comptime!(nk * pt), ALIGN);
+    let mut gb_lo = Shared::<[E]>::new_aligned_slice(comptime!(nk * pt), ALIGN);
     let mut stage = Shared::<[f32]>::new_aligned_slice(stage_size, ALIGN);
     let mut lam = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
     let mut graw = Shared::<[f32]>::new_slice(chunk);
     let mut gam = Shared::<[f32]>::new_slice(chunk);
     let mut kd = Shared::<[f32]>::new_slice(chunk);
     let mut eg = Shared::<[f32]>::new_slice(chunk);
+    let mut dga = Shared::<[f32]>::new_slice(chunk);
     let mut scale = Shared::<[f32]>::new_slice(comptime!(nlev.max(1)));
 
     if u < nlev {
@@ -361,8 +389,8 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float>(
         // Row s, column t ≥ s: A = K Qᵀ, B = V dOᵀ (upper tiles), each times
         // W = λ[t, ℓ(t,s)] e^{γt−γs}.
         tile_matmul::<E>(
-            &kb, &qb, &mut stage, plane, chunk, nk, chunk, false, nk, true, nk, FULL, UPPER,
-            stage_size,
+            &kb, &kb, &qb, &qb, &mut stage, plane, chunk, nk, chunk, false, nk, true, nk, FULL,
+            UPPER, EXACT, stage_size,
         );
         sync_cube();
         idx = u;
@@ -376,13 +404,21 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float>(
                     x = stage[idx] * (gam[tj] - gam[si]).exp() * lam[tj * levels + lvl];
                 }
             }
-            sa[idx] = E::cast_from(x);
+            if tj == si {
+                // The diagonal term enters dΓ_s twice, as λ dλ (f32) and as v·dv, where the two
+                // cancel exactly at T = 1: it is added in f32, not through the tiles.
+                dga[si] = x;
+                x = 0.0f32;
+            }
+            let hi = E::cast_from(x);
+            sa[idx] = hi;
+            sa_lo[idx] = E::cast_from(x - f32::cast_from(hi));
             idx += THREADS;
         }
         sync_cube();
         tile_matmul::<E>(
-            &vb, &ob, &mut stage, plane, chunk, pt, chunk, false, pt, true, pt, FULL, UPPER,
-            stage_size,
+            &vb, &vb, &ob, &ob, &mut stage, plane, chunk, pt, chunk, false, pt, true, pt, FULL,
+            UPPER, EXACT, stage_size,
         );
         sync_cube();
         idx = u;
@@ -396,25 +432,28 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float>(
                     x = stage[idx] * (gam[tj] - gam[si]).exp() * lam[tj * levels + lvl];
                 }
             }
-            sb[idx] = E::cast_from(x);
+            let hi = E::cast_from(x);
+            sb[idx] = hi;
+            sb_lo[idx] = E::cast_from(x - f32::cast_from(hi));
             idx += THREADS;
         }
         sync_cube();
         // dv = (W ⊙ A) dO, dk = (W ⊙ B) Q (upper-triangular weights).
         tile_matmul::<E>(
-            &sa, &ob, &mut stage, plane, chunk, chunk, pt, false, chunk, false, pt, UPPER, FULL,
-            stage_size,
+            &sa, &sa_lo, &ob, &ob, &mut stage, plane, chunk, chunk, pt, false, chunk, false, pt,
+            UPPER, FULL, SPLIT_A, stage_size,
         );
         sync_cube();
         let mut acc_v = Array::<f32>::new(rows_v);
         #[unroll]
         for r in 0..rows_v {
-            acc_v[r] = stage[u + r * THREADS];
+            let e = u + r * THREADS;
+            acc_v[r] = stage[e] + dga[e / pt] * f32::cast_from(ob[e]);
         }
         sync_cube();
         tile_matmul::<E>(
-            &sb, &qb, &mut stage, plane, chunk, chunk, nk, false, chunk, false, nk, UPPER, FULL,
-            stage_size,
+            &sb, &sb_lo, &qb, &qb, &mut stage, plane, chunk, chunk, nk, false, chunk, false, nk,
+            UPPER, FULL, SPLIT_A, stage_size,
         );
         sync_cube();
         let mut acc_k = Array::<f32>::new(rows_k);
@@ -430,14 +469,17 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float>(
                 let base = state_base + lvi * level_size;
                 idx = u;
                 while idx < comptime!(nk * pt) {
-                    gb[idx] = E::cast_from(states[base + idx]);
+                    let x = states[base + idx];
+                    let hi = E::cast_from(x);
+                    gb[idx] = hi;
+                    gb_lo[idx] = E::cast_from(x - f32::cast_from(hi));
                     idx += THREADS;
                 }
                 sync_cube();
                 let f = scale[lvi];
                 tile_matmul::<E>(
-                    &kb, &gb, &mut stage, plane, chunk, nk, pt, false, nk, false, pt, FULL, FULL,
-                    stage_size,
+                    &kb, &kb, &gb, &gb_lo, &mut stage, plane, chunk, nk, pt, false, nk, false, pt,
+                    FULL, FULL, SPLIT_B, stage_size,
                 );
                 sync_cube();
                 #[unroll]
@@ -448,8 +490,8 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float>(
                 sync_cube();
                 // Gᵀ: the key-major state read column-major.
                 tile_matmul::<E>(
-                    &vb, &gb, &mut stage, plane, chunk, pt, nk, false, pt, true, pt, FULL, FULL,
-                    stage_size,
+                    &vb, &vb, &gb, &gb_lo, &mut stage, plane, chunk, pt, nk, false, pt, true, pt,
+                    FULL, FULL, SPLIT_B, stage_size,
                 );
                 sync_cube();
                 #[unroll]
@@ -485,16 +527,17 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float>(
                 idx = u;
                 while idx < comptime!(chunk * pt) {
                     let i = idx / pt;
-                    sa[idx] = E::cast_from(
-                        f32::cast_from(ob[idx]) * eg[i] * lam[i * levels + token_level],
-                    );
+                    let x = f32::cast_from(ob[idx]) * eg[i] * lam[i * levels + token_level];
+                    let hi = E::cast_from(x);
+                    sa[idx] = hi;
+                    sa_lo[idx] = E::cast_from(x - f32::cast_from(hi));
                     idx += THREADS;
                 }
                 sync_cube();
                 // Qᵀ: q read column-major.
                 tile_matmul::<E>(
-                    &qb, &sa, &mut stage, plane, nk, chunk, pt, true, nk, false, pt, FULL, FULL,
-                    stage_size,
+                    &qb, &qb, &sa, &sa_lo, &mut stage, plane, nk, chunk, pt, true, nk, false, pt,
+                    FULL, FULL, SPLIT_B, stage_size,
                 );
                 sync_cube();
                 let base = state_base + lvi * level_size;
