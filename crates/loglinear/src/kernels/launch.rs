@@ -419,110 +419,69 @@ pub fn backward(
     let [q, k, v, g, lambda, d_o] = [q, k, v, g, lambda, d_o].map(into_contiguous);
     let dtypes = [dtype_to_storage_type(dtype), dtype_to_storage_type(g_dtype)];
     let cubes = CubeCount::Static((bs * h) as u32, tiles as u32, 1);
+    // The two kernel pairs take the same arguments.
+    macro_rules! launch_pair {
+        ($causal:ident, $anticausal:ident) => {{
+            $causal::launch(
+                &client,
+                cubes.clone(),
+                CubeDim::new_1d(THREADS as u32),
+                q.clone().into_tensor_arg(),
+                k.clone().into_tensor_arg(),
+                v.clone().into_tensor_arg(),
+                d_o.clone().into_tensor_arg(),
+                g.clone().into_tensor_arg(),
+                lambda.clone().into_tensor_arg(),
+                dq.clone().into_tensor_arg(),
+                dl.clone().into_tensor_arg(),
+                states.clone().into_tensor_arg(),
+                bs,
+                t,
+                h,
+                width,
+                plan.chunk,
+                nk,
+                plan.pt,
+                levels,
+                nlev,
+                dtypes,
+            );
+            $anticausal::launch(
+                &client,
+                cubes,
+                CubeDim::new_1d(THREADS as u32),
+                q.into_tensor_arg(),
+                k.into_tensor_arg(),
+                v.into_tensor_arg(),
+                d_o.into_tensor_arg(),
+                g.into_tensor_arg(),
+                lambda.into_tensor_arg(),
+                dk.clone().into_tensor_arg(),
+                dv.clone().into_tensor_arg(),
+                states.into_tensor_arg(),
+                bs,
+                t,
+                h,
+                width,
+                plan.chunk,
+                nk,
+                plan.pt,
+                levels,
+                nlev,
+                dtypes,
+            );
+        }};
+    }
     if tensor_cores.is_some() {
-        causal_backward_tc_kernel::launch(
-            &client,
-            cubes.clone(),
-            CubeDim::new_1d(THREADS as u32),
-            q.clone().into_tensor_arg(),
-            k.clone().into_tensor_arg(),
-            v.clone().into_tensor_arg(),
-            d_o.clone().into_tensor_arg(),
-            g.clone().into_tensor_arg(),
-            lambda.clone().into_tensor_arg(),
-            dq.clone().into_tensor_arg(),
-            dl.clone().into_tensor_arg(),
-            states.clone().into_tensor_arg(),
-            bs,
-            t,
-            h,
-            width,
-            plan.chunk,
-            nk,
-            plan.pt,
-            levels,
-            nlev,
-            dtypes,
-        );
-        anticausal_backward_tc_kernel::launch(
-            &client,
-            cubes,
-            CubeDim::new_1d(THREADS as u32),
-            q.into_tensor_arg(),
-            k.into_tensor_arg(),
-            v.into_tensor_arg(),
-            d_o.into_tensor_arg(),
-            g.into_tensor_arg(),
-            lambda.into_tensor_arg(),
-            dk.clone().into_tensor_arg(),
-            dv.clone().into_tensor_arg(),
-            states.into_tensor_arg(),
-            bs,
-            t,
-            h,
-            width,
-            plan.chunk,
-            nk,
-            plan.pt,
-            levels,
-            nlev,
-            dtypes,
-        );
+        launch_pair!(causal_backward_tc_kernel, anticausal_backward_tc_kernel);
     } else {
-        causal_backward_kernel::launch(
-            &client,
-            cubes.clone(),
-            CubeDim::new_1d(THREADS as u32),
-            q.clone().into_tensor_arg(),
-            k.clone().into_tensor_arg(),
-            v.clone().into_tensor_arg(),
-            d_o.clone().into_tensor_arg(),
-            g.clone().into_tensor_arg(),
-            lambda.clone().into_tensor_arg(),
-            dq.clone().into_tensor_arg(),
-            dl.clone().into_tensor_arg(),
-            states.clone().into_tensor_arg(),
-            bs,
-            t,
-            h,
-            width,
-            plan.chunk,
-            nk,
-            plan.pt,
-            levels,
-            nlev,
-            dtypes,
-        );
-        anticausal_backward_kernel::launch(
-            &client,
-            cubes,
-            CubeDim::new_1d(THREADS as u32),
-            q.into_tensor_arg(),
-            k.into_tensor_arg(),
-            v.into_tensor_arg(),
-            d_o.into_tensor_arg(),
-            g.into_tensor_arg(),
-            lambda.into_tensor_arg(),
-            dk.clone().into_tensor_arg(),
-            dv.clone().into_tensor_arg(),
-            states.into_tensor_arg(),
-            bs,
-            t,
-            h,
-            width,
-            plan.chunk,
-            nk,
-            plan.pt,
-            levels,
-            nlev,
-            dtypes,
-        );
+        launch_pair!(causal_backward_kernel, anticausal_backward_kernel);
     }
     (dq, dl, dk, dv)
 }
 
 /// The tensor-core forward's tiles for `q: [B, T, H, nk]` and values `width` wide, when it can
-/// run: half-precision inputs, `nk` a multiple of 16, the device's `cmma` taking 16×16×16 tiles
+/// run: bf16 inputs, `nk` a multiple of 16, the device's `cmma` taking 16×16×16 tiles
 /// of that dtype with f32 accumulation, and the buffers fitting its shared memory. The chunk is
 /// `LOGLINEAR_TC_CHUNK` (32 or 64; default 64: the level states are read and merged once per
 /// chunk, so longer chunks halve that traffic); `LOGLINEAR_FUSED_TC=0` turns the path off.
@@ -568,11 +527,13 @@ fn plan_tc(
     if matches!(std::env::var("LOGLINEAR_FUSED_TC").as_deref(), Ok("0")) {
         return None;
     }
-    let elem = match q.dtype {
-        DType::BF16 => ElemType::Float(FloatKind::BF16),
-        DType::F16 => ElemType::Float(FloatKind::F16),
-        _ => return None,
-    };
+    // bf16 only: the level states and weighted operands are rounded to the input dtype, and
+    // f16's range (65,504) does not hold a state summed over a long sequence; f16 inputs take
+    // the scalar kernels, which compute in f32.
+    if q.dtype != DType::BF16 {
+        return None;
+    }
+    let elem = ElemType::Float(FloatKind::BF16);
     if nk % TILE != 0 {
         return None;
     }

@@ -379,7 +379,7 @@ pub fn mamba2(x: &LogLinearInput) -> Result<Tensor<4>, String> {
         x.v.clone().into_dispatch(),
         x.g.clone().into_dispatch(),
     )
-    .ok_or("no tensor-core path for these inputs (needs bf16/f16, N a multiple of 16, cmma)")?;
+    .ok_or("no tensor-core path for these inputs (needs bf16 inputs, N a multiple of 16, cmma)")?;
     Ok(Tensor::from_dispatch(o))
 }
 

@@ -1,4 +1,4 @@
-//! The forward kernel on tensor cores (bf16 / f16 inputs; launched from `launch.rs`).
+//! The forward kernel on tensor cores (bf16 inputs; launched from `launch.rs`).
 //!
 //! Same walk as [`causal_kernel`](super::cube::causal_kernel) — one cube per (batch·head, value
 //! tile), chunk by chunk, one level state per chunk level in a global f32 scratch with lazy decay
@@ -13,8 +13,9 @@
 //! 4. the chunk's key state `Kᵀ (kd ⊙ V)` (`nk × pt`), merged into the f32 level states.
 //!
 //! The elementwise steps (weights, decays, state merges) stay f32 scalar code between the tile
-//! products; each product's result passes through one f32 shared staging buffer. Requires
-//! `nk` and `pt` multiples of 16 and `chunk` ∈ {32, 64}; other shapes use the scalar kernel.
+//! products; each product's result passes through one f32 shared staging buffer. Requires `nk` a
+//! multiple of 16 and `chunk` ∈ {32, 64} (the value tile `pt` is 16, 32 or 64 whatever P is;
+//! columns past P are zero); other shapes use the scalar kernel.
 
 use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
