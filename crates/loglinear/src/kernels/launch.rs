@@ -534,7 +534,7 @@ fn plan_tc(
         return None;
     }
     let elem = ElemType::Float(FloatKind::BF16);
-    if nk % TILE != 0 {
+    if !nk.is_multiple_of(TILE) {
         return None;
     }
     let props = q.client.properties();

@@ -340,7 +340,7 @@ pub fn tile_matmul<E: Float>(
                         TILE,
                         TILE,
                         a_layout,
-                        &a.slice(a_off, a_len),
+                        a.slice(a_off, a_len),
                         lda as u32,
                     );
                     let bm = Matrix::<E>::from_slice(
@@ -349,7 +349,7 @@ pub fn tile_matmul<E: Float>(
                         TILE,
                         TILE,
                         b_layout,
-                        &b.slice(b_off, b_len),
+                        b.slice(b_off, b_len),
                         ldb as u32,
                     );
                     cmma::execute(&am, &bm, &acc, &acc);
@@ -360,7 +360,7 @@ pub fn tile_matmul<E: Float>(
                             TILE,
                             TILE,
                             a_layout,
-                            &a2.slice(a_off, a_len),
+                            a2.slice(a_off, a_len),
                             lda as u32,
                         );
                         cmma::execute(&am2, &bm, &acc, &acc);
@@ -372,7 +372,7 @@ pub fn tile_matmul<E: Float>(
                             TILE,
                             TILE,
                             b_layout,
-                            &b2.slice(b_off, b_len),
+                            b2.slice(b_off, b_len),
                             ldb as u32,
                         );
                         cmma::execute(&am, &bm2, &acc, &acc);
@@ -380,7 +380,7 @@ pub fn tile_matmul<E: Float>(
                 }
             }
             cmma::store(
-                &mut stage.slice_mut(ti * TILE * cols + tp * TILE, stage_size),
+                stage.slice_mut(ti * TILE * cols + tp * TILE, stage_size),
                 &acc,
                 cols as u32,
                 MatrixLayout::RowMajor,
