@@ -1,16 +1,20 @@
 //! Fused CubeCL kernels for the core op ([`Form::Fused`](crate::ops::Form::Fused)), forward and
 //! backward, as a Burn backend extension with its own autodiff backward.
 //!
-//! * [`cube`]: the causal kernel (forward, `dq`, `dλ`) and the anticausal kernel (`dk`, `dv`);
-//! * [`launch`]: tile planning (shared-memory budget of the device) and launchers;
+//! * [`cube`]: the scalar forward kernel (and the anticausal kernel of the v1 backward);
+//! * [`backward`]: the scalar backward, two kernels (`dq` and `dλ`; `dk` and `dv`);
+//! * [`tensor_core`], [`tensor_core_backward`]: the same three kernels with every product on
+//!   tensor cores (`cmma`), for bf16 inputs on devices that have them;
+//! * [`launch`]: tile planning (shared-memory budget, tensor-core support) and launchers;
 //! * this module: the extension trait [`LogLinearKernels`], its CubeCL and autodiff
-//!   implementations, and [`fused`], the entry point of `log_linear_attn` on CubeCL devices.
+//!   implementations, [`fused`] (the entry point of `log_linear_attn` on CubeCL devices) and
+//!   [`mamba2`] (the single-state baseline).
 //!
 //! The backward keeps only the inputs (derivation in `kernels/README.md`): with
-//! `M[t,s] = λ[t,ℓ(t,s)] e^{Γt−Γs} (q_t·k_s)`, `dq = causal(dO, v, k)`,
-//! `dλ = causal_dl(q, k, v; dO)`, `dv = anticausal(k, q, dO)`, `dk = anticausal(v, dO, q)`,
-//! `dΓ_t = Σ_ℓ λ[t,ℓ] dλ[t,ℓ] − v_t·dv_t` (the first term is `dO_t·o_t`),
-//! `dg = reverse cumsum of dΓ`.
+//! `W[t,s] = λ[t,ℓ(t,s)] e^{Γt−Γs}`, one causal launch gives `dq` and `dλ` from the forward's
+//! level states, one anticausal launch `dk` and `dv` from one set of states
+//! `Σ_t λ e q_t dO_tᵀ`; then `dΓ_t = Σ_ℓ λ[t,ℓ] dλ[t,ℓ] − v_t·dv_t` (the first term is
+//! `dO_t·o_t`) and `dg = reverse cumsum of dΓ`.
 
 pub mod backward;
 pub mod cube;
