@@ -1,4 +1,7 @@
-//! The two CubeCL kernels of the fused op (launched from `launch.rs`).
+//! The scalar kernels of kernel v1 (launched from `launch.rs`): `causal_kernel` is the forward
+//! wherever the tensor-core forward does not run; the `dl` variant and `anticausal_kernel` serve
+//! only the four-launch v1 backward (`LOGLINEAR_FUSED_BACKWARD=split`), kept for comparison with
+//! the two-launch backward of `backward.rs`.
 //!
 //! Both kernels walk the sequence chunk by chunk inside one cube per (batch·head, value tile),
 //! so every input is read once and the O(log T) level states never leave the cube's reach
@@ -8,7 +11,7 @@
 //!   (λ on the output side). With `dl` it instead returns the λ gradient
 //!   `dλ[t, ℓ] = Σ_{s in level ℓ of t} e^{Γt−Γs} (a_t·b_s) (w_t·c_s)` (partial over value tiles).
 //! * [`anticausal_kernel`] — `out[s] = Σ_{t≥s} λ[t, ℓ(t,s)] e^{Γt−Γs} (a_s·b_t) c_t`, the
-//!   transposed op (λ on the input side), which gives `dk` and `dv`.
+//!   transposed op (λ on the input side), which gave `dk` and `dv`.
 //!
 //! Chunk `j` (of `C` tokens) sees earlier chunks through chunk levels `i ≥ 1` (token level
 //! `log2 C + i`): the pairs of chunk level `i` are keys in the first half and queries in the
