@@ -69,16 +69,17 @@ train-fused)
     timeout 80 $bin bench train --device cuda --runs 3 --form fused --modes linear 2>&1 | tee "$out/bench_train_fused_512.txt"
     ;;
 commands-lm)
-    step "eval and generate on --device cuda"
+    step "eval, viz and generate on --device cuda"
     d=/tmp/cmds; mkdir -p $d
     timeout 60 $bin train experiments/mqar_tiny.toml --device cuda --out $d/tiny --set train.steps=20 2>&1 | tail -1
     timeout 40 $bin eval $d/tiny --device cuda 2>&1 | tail -1
+    timeout 40 $bin viz $d/tiny --out $d/viz --device cuda 2>&1 | tail -1
     timeout 60 $bin train experiments/lm_cpu.toml --device cuda --out $d/lm --set model.lambda=mlp_softplus --set seed=0 --set train.steps=20 --set eval.every=20 2>&1 | tail -1
     timeout 40 $bin generate --run $d/lm --prompt "The state of the union" --max-tokens 20 --device cuda 2>&1 | tail -2
     ;;
 op-check)
     step "bench op bf16, fused (tensor cores fwd and bwd)"
-    timeout 100 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 2048,8192 2>&1 | tee "$out/bench_op_fused_split.txt"
+    timeout 200 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused,chunked --t 2048,8192,32768 2>&1 | tee "$out/bench_op_fused_split.txt"
     ;;
 op-long)
     step "bench op bf16, fused, T = 32768 (B = 4) and 131072 (B = 1), λ learned and ≡ 1"
@@ -99,7 +100,7 @@ commands)
     d=/tmp/cmds; rm -rf $d; mkdir -p $d
     timeout 120 $bin train experiments/mqar_tiny.toml --device cuda --out $d/tiny --set train.steps=40 2>&1 | tail -1
     timeout 60 $bin eval $d/tiny --device cuda 2>&1 | tail -1
-    timeout 60 $bin viz $d/tiny --out $d/viz 2>&1 | tail -1; ls $d/viz | head -3
+    timeout 60 $bin viz $d/tiny --out $d/viz --device cuda 2>&1 | tail -1; ls $d/viz | head -3
     timeout 200 $bin sweep experiments/demo.toml --device cuda --jobs 2 --out $d/sweep --set train.steps=20 2>&1 | tail -3
     timeout 120 $bin train experiments/lm_cpu.toml --device cuda --out $d/lm --set model.lambda=mlp_softplus --set seed=0 --set train.steps=20 --set eval.every=20 2>&1 | tail -1
     timeout 60 $bin generate --run $d/lm --prompt "The state of the union" --max-tokens 20 --device cuda 2>&1 | tail -2
