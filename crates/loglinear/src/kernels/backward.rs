@@ -18,7 +18,9 @@
 
 use cubecl::prelude::*;
 
-use super::cube::{THREADS, bitlen, load_chunk, row};
+use super::cube::{
+    REWRITES_CLEAR_BITS, REWRITES_SET_BITS, THREADS, advance_scales, bitlen, load_chunk, row,
+};
 
 /// Causal half of the backward: `dq` (per value tile) and `dλ` (per value tile).
 ///
@@ -292,13 +294,16 @@ pub fn causal_backward_kernel<E: Float, G: Float>(
             }
         }
         sync_storage();
-        if u < nlev {
-            if (j >> u) & 1 == 0 {
-                scale[u] = 1.0f32;
-            } else {
-                scale[u] *= eg[comptime!(chunk - 1)];
-            }
-        }
+        advance_scales(
+            &mut scale,
+            &eg,
+            u,
+            j,
+            chunk,
+            levels,
+            nlev,
+            REWRITES_CLEAR_BITS,
+        );
         sync_cube();
     }
 }
@@ -575,13 +580,16 @@ pub fn anticausal_backward_kernel<E: Float, G: Float>(
             }
         }
         sync_storage();
-        if u < nlev {
-            if (j >> u) & 1 == 1 && log_c + u + 1 < levels {
-                scale[u] = 1.0f32;
-            } else {
-                scale[u] *= eg[comptime!(chunk - 1)];
-            }
-        }
+        advance_scales(
+            &mut scale,
+            &eg,
+            u,
+            j,
+            chunk,
+            levels,
+            nlev,
+            REWRITES_SET_BITS,
+        );
         sync_cube();
     }
 }

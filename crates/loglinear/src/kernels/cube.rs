@@ -156,6 +156,46 @@ pub fn load_decays<G: Float>(
     sync_cube();
 }
 
+/// Which level states a chunk rewrites, for [`advance_scales`].
+pub const REWRITES_CLEAR_BITS: u32 = 0;
+/// The anticausal kernels: levels whose bit of the chunk index is set (and that exist).
+pub const REWRITES_SET_BITS: u32 = 1;
+/// Mamba-2's single state: rewritten by every chunk.
+pub const REWRITES_ALL: u32 = 2;
+
+/// Advances the lazy decay factors past chunk `j`: a level whose state the chunk rewrote is
+/// referenced to the chunk's end again (factor 1), the others decay by the chunk's total
+/// `e^{γ_last}`. Causal kernels rewrite the levels whose bit of `j` is clear, anticausal ones
+/// those whose bit is set. The caller's next barrier publishes the factors.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+pub fn advance_scales(
+    scale: &mut Shared<[f32]>,
+    eg: &Shared<[f32]>,
+    u: usize,
+    j: usize,
+    #[comptime] chunk: usize,
+    #[comptime] levels: usize,
+    #[comptime] nlev: usize,
+    #[comptime] rewrites: u32,
+) {
+    if u < nlev {
+        let log_c = comptime!(chunk.trailing_zeros() as usize);
+        let mut rewritten = (j >> u) & 1 == 0;
+        if rewrites == REWRITES_SET_BITS {
+            rewritten = (j >> u) & 1 == 1 && log_c + u + 1 < levels;
+        }
+        if rewrites == REWRITES_ALL {
+            rewritten = true;
+        }
+        if rewritten {
+            scale[u] = 1.0f32;
+        } else {
+            scale[u] *= eg[comptime!(chunk - 1)];
+        }
+    }
+}
+
 /// The causal kernel (forward op, `dq`, and with `dl` the λ gradient).
 ///
 /// Shapes: `a, b: [B, T, H, nk]`, `c, w: [B, T, H, width]` (dtype `E`), `g: [B, T, H]`,
@@ -425,13 +465,16 @@ pub fn causal_kernel<E: Float, G: Float>(
             }
         }
         sync_storage();
-        if u < nlev {
-            if (j >> u) & 1 == 0 {
-                scale[u] = 1.0f32;
-            } else {
-                scale[u] *= eg[comptime!(chunk - 1)];
-            }
-        }
+        advance_scales(
+            &mut scale,
+            &eg,
+            u,
+            j,
+            chunk,
+            levels,
+            nlev,
+            REWRITES_CLEAR_BITS,
+        );
         sync_cube();
     }
 }
@@ -650,13 +693,16 @@ pub fn anticausal_kernel<E: Float, G: Float>(
             }
         }
         sync_storage();
-        if u < nlev {
-            if (j >> u) & 1 == 1 && log_c + u + 1 < levels {
-                scale[u] = 1.0f32;
-            } else {
-                scale[u] *= eg[comptime!(chunk - 1)];
-            }
-        }
+        advance_scales(
+            &mut scale,
+            &eg,
+            u,
+            j,
+            chunk,
+            levels,
+            nlev,
+            REWRITES_SET_BITS,
+        );
         sync_cube();
     }
 }

@@ -20,7 +20,9 @@
 use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
-use super::cube::{THREADS, bitlen, load_decays, row};
+use super::cube::{
+    REWRITES_ALL, REWRITES_CLEAR_BITS, THREADS, advance_scales, bitlen, load_decays, row,
+};
 
 /// Edge of one tensor-core tile.
 pub const TILE: usize = 16;
@@ -225,17 +227,20 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
             }
         }
         sync_storage();
-        if u < nlev {
-            let mut rewritten = (j >> u) & 1 == 0;
-            if single {
-                rewritten = true;
-            }
-            if rewritten {
-                scale[u] = 1.0f32;
+        advance_scales(
+            &mut scale,
+            &eg,
+            u,
+            j,
+            chunk,
+            levels,
+            nlev,
+            comptime!(if single {
+                REWRITES_ALL
             } else {
-                scale[u] *= eg[comptime!(chunk - 1)];
-            }
-        }
+                REWRITES_CLEAR_BITS
+            }),
+        );
         sync_cube();
     }
 }

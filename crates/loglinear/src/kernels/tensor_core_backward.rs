@@ -16,7 +16,9 @@
 
 use cubecl::prelude::*;
 
-use super::cube::{THREADS, bitlen, load_decays, row};
+use super::cube::{
+    REWRITES_CLEAR_BITS, REWRITES_SET_BITS, THREADS, advance_scales, bitlen, load_decays, row,
+};
 use super::tensor_core::{
     ALIGN, EXACT, FULL, LOWER, SPLIT_A, SPLIT_B, UPPER, load_rows, tile_matmul,
 };
@@ -291,13 +293,16 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float>(
             }
         }
         sync_storage();
-        if u < nlev {
-            if (j >> u) & 1 == 0 {
-                scale[u] = 1.0f32;
-            } else {
-                scale[u] *= eg[comptime!(chunk - 1)];
-            }
-        }
+        advance_scales(
+            &mut scale,
+            &eg,
+            u,
+            j,
+            chunk,
+            levels,
+            nlev,
+            REWRITES_CLEAR_BITS,
+        );
         sync_cube();
     }
 }
@@ -557,13 +562,16 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float>(
             }
         }
         sync_storage();
-        if u < nlev {
-            if (j >> u) & 1 == 1 && log_c + u + 1 < levels {
-                scale[u] = 1.0f32;
-            } else {
-                scale[u] *= eg[comptime!(chunk - 1)];
-            }
-        }
+        advance_scales(
+            &mut scale,
+            &eg,
+            u,
+            j,
+            chunk,
+            levels,
+            nlev,
+            REWRITES_SET_BITS,
+        );
         sync_cube();
     }
 }
