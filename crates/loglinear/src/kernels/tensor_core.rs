@@ -203,28 +203,9 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
                 FULL, EXACT, stage_size,
             );
             sync_cube();
-            let chunk_decay = eg[comptime!(chunk - 1)];
-            for lvi in 0..nlev {
-                let mut write = (j >> lvi) & 1 == 0;
-                let mut fresh = j % (2usize << lvi) == 0;
-                if single {
-                    write = true;
-                    fresh = j == 0;
-                }
-                if write {
-                    let base = state_base + lvi * level_size;
-                    let f = scale[lvi] * chunk_decay;
-                    idx = u;
-                    while idx < comptime!(nk * pt) {
-                        let mut old = 0.0f32;
-                        if !fresh {
-                            old = states[base + idx] * f;
-                        }
-                        states[base + idx] = old + stage[idx];
-                        idx += THREADS;
-                    }
-                }
-            }
+            merge_key_state(
+                states, &stage, &scale, &eg, u, j, state_base, chunk, nk, pt, nlev, single,
+            );
         }
         sync_storage();
         advance_scales(
@@ -242,6 +223,50 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
             }),
         );
         sync_cube();
+    }
+}
+
+/// Merges a chunk's key state (`stage[nk × pt]`, f32) into every causal level state whose period
+/// has chunk `j` in its first half — `U = (fresh ? 0 : scale · e^{γ_last} U) + stage`, fresh at a
+/// period's first chunk — or, with `single` (Mamba-2), into the one state every chunk.
+// `%` rather than `is_multiple_of`, which kernel code cannot expand.
+#[allow(clippy::too_many_arguments, clippy::manual_is_multiple_of)]
+#[cube]
+pub fn merge_key_state(
+    states: &mut Tensor<f32>,
+    stage: &Shared<[f32]>,
+    scale: &Shared<[f32]>,
+    eg: &Shared<[f32]>,
+    u: usize,
+    j: usize,
+    state_base: usize,
+    #[comptime] chunk: usize,
+    #[comptime] nk: usize,
+    #[comptime] pt: usize,
+    #[comptime] nlev: usize,
+    #[comptime] single: bool,
+) {
+    let chunk_decay = eg[comptime!(chunk - 1)];
+    for lvi in 0..nlev {
+        let mut write = (j >> lvi) & 1 == 0;
+        let mut fresh = j % (2usize << lvi) == 0;
+        if single {
+            write = true;
+            fresh = j == 0;
+        }
+        if write {
+            let base = state_base + lvi * comptime!(nk * pt);
+            let f = scale[lvi] * chunk_decay;
+            let mut idx = u;
+            while idx < comptime!(nk * pt) {
+                let mut old = 0.0f32;
+                if !fresh {
+                    old = states[base + idx] * f;
+                }
+                states[base + idx] = old + stage[idx];
+                idx += THREADS;
+            }
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use super::cube::{
     REWRITES_CLEAR_BITS, REWRITES_SET_BITS, THREADS, advance_scales, bitlen, load_decays, row,
 };
 use super::tensor_core::{
-    ALIGN, EXACT, FULL, LOWER, SPLIT_A, SPLIT_B, UPPER, load_rows, tile_matmul,
+    ALIGN, EXACT, FULL, LOWER, SPLIT_A, SPLIT_B, UPPER, load_rows, merge_key_state, tile_matmul,
 };
 
 /// f32 elements of the backward kernels' staging buffer: the largest product (`C × C`,
@@ -274,23 +274,9 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float>(
                 FULL, SPLIT_B, stage_size,
             );
             sync_cube();
-            let chunk_decay = eg[comptime!(chunk - 1)];
-            for lvi in 0..nlev {
-                if (j >> lvi) & 1 == 0 {
-                    let base = state_base + lvi * level_size;
-                    let fresh = j % (2usize << lvi) == 0;
-                    let f = scale[lvi] * chunk_decay;
-                    idx = u;
-                    while idx < comptime!(nk * pt) {
-                        let mut old = 0.0f32;
-                        if !fresh {
-                            old = states[base + idx] * f;
-                        }
-                        states[base + idx] = old + stage[idx];
-                        idx += THREADS;
-                    }
-                }
-            }
+            merge_key_state(
+                states, &stage, &scale, &eg, u, j, state_base, chunk, nk, pt, nlev, false,
+            );
         }
         sync_storage();
         advance_scales(
