@@ -37,7 +37,7 @@ pub const ALIGN: usize = 128;
 /// `nlev = 1` state read and rewritten by every chunk — the λ ≡ 1 case of the op without its
 /// Fenwick levels, the baseline that log-linear attention's extra state passes are measured by.
 ///
-/// Shapes: `q, k: [B, T, H, nk]`, `v: [B, T, H, width]` (dtype `E`: bf16 or f16),
+/// Shapes: `q, k: [B, T, H, nk]`, `v: [B, T, H, width]` (dtype `E`; launched for bf16),
 /// `g: [B, T, H]`, `lambda: [B, T, H, levels]` (dtype `G`); `out: [B, T, H, width]` (f32);
 /// `states`: `tiles·B·H·nlev·nk·pt` f32 scratch. Grid `(B·H, tiles)`, [`THREADS`] units.
 #[allow(clippy::too_many_arguments)]
