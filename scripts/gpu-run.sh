@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine: scripts/gpu-run.sh STEP... where STEP is one of
-#   smoke | commands | kernels | op | op-ab | op-tc | op-final | op-check | train-fused | commands-lm | op-fused | op-chunks | op-long | op-chunked | train | train-short
+#   smoke | commands | kernels | op | op-ab | op-tc | op-final | op-check | train-fused | train-forms | commands-lm | op-fused | op-chunks | op-long | op-chunked | train | train-short
 #   | train-long | train-32k | decode
 #   | mqar-timing
 #   | sweep:CONFIG:JOBS[:SET,SET...] | lm-eval:NAME
@@ -80,6 +80,12 @@ commands-lm)
 op-check)
     step "bench op bf16, fused (tensor cores fwd and bwd)"
     timeout 200 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused,chunked --t 2048,8192,32768 2>&1 | tee "$out/bench_op_fused_split.txt"
+    ;;
+train-forms)
+    for f in chunked fused; do
+        step "bench train T=512 batch 64 (bf16, $f)"
+        timeout 120 $bin bench train --device cuda --runs 5 --form $f --modes linear,mlp_softplus 2>&1 | tee "$out/bench_train_512_$f.txt"
+    done
     ;;
 op-long)
     step "bench op bf16, fused, T = 32768 (B = 4) and 131072 (B = 1), λ learned and ≡ 1"
