@@ -119,3 +119,37 @@ fn fused_takes_half_precision_inputs() {
     assert!(checked > 0, "the device supports neither bf16 nor f16");
     eprintln!("half-precision dtypes checked on this device: {checked}");
 }
+
+/// The fused Mamba-2 (one state, λ ignored) is the op with λ ≡ 1: against the parallel form (the
+/// definition) on the same device, partial last chunks and T = 1 included.
+#[test]
+fn mamba2_is_the_op_with_lambda_one() {
+    use loglinear::ops::{Form, LogLinearInput, log_linear_attn};
+    for (t, n, p) in [
+        (1, 16, 32),
+        (7, 16, 32),
+        (64, 16, 32),
+        (70, 20, 36),
+        (200, 32, 16),
+    ] {
+        let dims = Dims {
+            b: 2,
+            t,
+            h: 2,
+            n,
+            p,
+            l: num_levels(t),
+        };
+        let mut x = LogLinearInput::random(dims, fresh_seed(), DType::F32, &device());
+        let o = loglinear::kernels::mamba2(&x)
+            .unwrap_or_else(|why| panic!("{dims:?}: fused Mamba-2 did not run: {why}"));
+        x.lambda = x.lambda.ones_like();
+        let reference = log_linear_attn(&x, Form::Parallel, None, false).o;
+        let scale = reference.clone().abs().max().into_scalar::<f64>();
+        let err = (o - reference).abs().max().into_scalar::<f64>() / scale;
+        assert!(
+            err < 2e-5,
+            "{dims:?}: fused Mamba-2 off by {err:.2e} of the largest entry"
+        );
+    }
+}

@@ -196,7 +196,8 @@ pub fn advance_scales(
     }
 }
 
-/// The causal kernel (forward op, `dq`, and with `dl` the λ gradient).
+/// The causal kernel (forward op, `dq`, and with `dl` the λ gradient; with `single`, Mamba-2:
+/// λ ignored, one state read and rewritten by every chunk, as in the tensor-core kernel).
 ///
 /// Shapes: `a, b: [B, T, H, nk]`, `c, w: [B, T, H, width]` (dtype `E`), `g: [B, T, H]`,
 /// `lambda: [B, T, H, levels]` (dtype `G`, f32 under mixed precision), all contiguous;
@@ -225,8 +226,13 @@ pub fn causal_kernel<E: Float, G: Float>(
     #[comptime] nlev: usize,
     #[comptime] dl: bool,
     #[comptime] smem_states: bool,
+    #[comptime] single: bool,
     #[define(E, G)] _dtypes: [ElemType; 2],
 ) {
+    comptime!(assert!(
+        !(dl && single),
+        "causal_kernel: the λ gradient of Mamba-2 does not exist"
+    ));
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
     let bi = bh / heads;
@@ -316,6 +322,8 @@ pub fn causal_kernel<E: Float, G: Float>(
                         d += ws[si * pt + p] * vs[sjj * pt + p];
                     }
                     s *= d;
+                } else if single {
+                    // Mamba-2: every pair weighs 1.
                 } else if lvl < levels {
                     s *= lam[si * levels + lvl];
                 } else {
@@ -364,7 +372,11 @@ pub fn causal_kernel<E: Float, G: Float>(
         // the end of chunk j−1 (times the lazy factor scale[i−1]).
         for lvi in 0..nlev {
             let token_level = log_c + lvi + 1;
-            if (j >> lvi) & 1 == 1 && token_level < levels {
+            let mut read = (j >> lvi) & 1 == 1 && token_level < levels;
+            if single {
+                read = j > 0;
+            }
+            if read {
                 let base = state_base + lvi * level_size;
                 let mut tmp = Array::<f32>::new(rows_out);
                 #[unroll]
@@ -389,7 +401,11 @@ pub fn causal_kernel<E: Float, G: Float>(
                     if dl {
                         red[i * pt + pc] = tmp[r] * f * eg[i] * ws[i * pt + pc];
                     } else {
-                        acc[r] += tmp[r] * f * eg[i] * lam[i * levels + token_level];
+                        let mut w = f * eg[i];
+                        if !single {
+                            w *= lam[i * levels + token_level];
+                        }
+                        acc[r] += tmp[r] * w;
                     }
                 }
                 if dl {
@@ -419,7 +435,12 @@ pub fn causal_kernel<E: Float, G: Float>(
             }
         }
         // (7) This chunk's key state Σ_i e^{γlast−γi} b_i c_iᵀ joins every level whose period
-        // has chunk j in its first half; the first chunk of a period starts it afresh.
+        // has chunk j in its first half; the first chunk of a period starts it afresh. A level
+        // is never read and rewritten by one chunk — but Mamba-2's single state is, so every
+        // unit must have read it before any rewrites it.
+        if single {
+            sync_cube();
+        }
         if nlev > 0 {
             let mut ks = Array::<f32>::new(rows_state);
             #[unroll]
@@ -438,9 +459,14 @@ pub fn causal_kernel<E: Float, G: Float>(
             }
             let chunk_decay = eg[comptime!(chunk - 1)];
             for lvi in 0..nlev {
-                if (j >> lvi) & 1 == 0 {
+                let mut write = (j >> lvi) & 1 == 0;
+                let mut fresh = j % (2usize << lvi) == 0;
+                if single {
+                    write = true;
+                    fresh = j == 0;
+                }
+                if write {
                     let base = state_base + lvi * level_size;
-                    let fresh = j % (2usize << lvi) == 0;
                     let f = scale[lvi] * chunk_decay;
                     #[unroll]
                     for r in 0..rows_state {
@@ -473,7 +499,11 @@ pub fn causal_kernel<E: Float, G: Float>(
             chunk,
             levels,
             nlev,
-            REWRITES_CLEAR_BITS,
+            comptime!(if single {
+                REWRITES_ALL
+            } else {
+                REWRITES_CLEAR_BITS
+            }),
         );
         sync_cube();
     }

@@ -189,10 +189,23 @@ pub fn causal(
     lambda: CubeTensor,
     w: Option<CubeTensor>,
 ) -> CubeTensor {
+    causal_with(a, b, c, g, lambda, w, false)
+}
+
+/// [`causal`], or with `single` Mamba-2 (λ ignored, one state for the whole past).
+fn causal_with(
+    a: CubeTensor,
+    b: CubeTensor,
+    c: CubeTensor,
+    g: CubeTensor,
+    lambda: CubeTensor,
+    w: Option<CubeTensor>,
+    single: bool,
+) -> CubeTensor {
     let [bs, t, h, nk, width, levels] = dims(&a, &c, &lambda);
     let dl = w.is_some();
     if !dl && let Some(plan) = plan_tensor_core(&a, nk, width, levels, bs * h) {
-        return causal_tensor_core(a, b, c, g, lambda, plan, false);
+        return causal_tensor_core(a, b, c, g, lambda, plan, single);
     }
     let client = a.client.clone();
     let device = a.device.clone();
@@ -204,7 +217,7 @@ pub fn causal(
         panic!("log_linear_fused: no tile fits (nk {nk}, width {width}, L {levels}, T {t})")
     });
     let tiles = width.div_ceil(plan.pt);
-    let nlev = bitlen(t.div_ceil(plan.chunk) - 1);
+    let nlev = state_levels(t, plan.chunk, single);
     let out_shape: Vec<usize> = if dl {
         vec![tiles, bs, t, h, levels]
     } else {
@@ -251,9 +264,20 @@ pub fn causal(
         nlev,
         dl,
         plan.shared_states,
+        single,
         [dtype_to_storage_type(dtype), dtype_to_storage_type(g_dtype)],
     );
     out
+}
+
+/// Level states a causal walk over `t` tokens in chunks of `chunk` keeps: one per chunk level,
+/// or for Mamba-2 (`single`) one state once there is an earlier chunk to hold.
+fn state_levels(t: usize, chunk: usize, single: bool) -> usize {
+    if single {
+        usize::from(t > chunk)
+    } else {
+        bitlen(t.div_ceil(chunk) - 1)
+    }
 }
 
 /// `out[s] = Σ_{t≥s} λ[t, ℓ(t,s)] e^{Γt−Γs} (a_s·b_t) c_t` as f32 `[B, T, H, width]`.
@@ -576,17 +600,15 @@ fn plan_tc(
     None
 }
 
-/// Mamba-2 (SSD), `o[t] = Σ_{s≤t} e^{Γt−Γs} (q_t·k_s) v_s` as f32 `[B, T, H, P]`: the tensor-core
-/// forward with one state instead of the Fenwick levels (λ ≡ 1 without the levels), or `None`
-/// where the tensor-core path cannot run (see [`plan_tensor_core`]).
-pub fn mamba2(q: CubeTensor, k: CubeTensor, v: CubeTensor, g: CubeTensor) -> Option<CubeTensor> {
-    let [bs, t, h, nk] = q.meta.shape().dims::<4>();
-    let width = v.meta.shape()[3];
-    let plan = plan_tensor_core(&q, nk, width, 1, bs * h)?;
-    // The kernel reads a λ of one level it then ignores: g itself, viewed as [B, T, H, 1].
+/// Mamba-2 (SSD), `o[t] = Σ_{s≤t} e^{Γt−Γs} (q_t·k_s) v_s` as f32 `[B, T, H, P]`: the forward
+/// kernel (on tensor cores where [`plan_tensor_core`] allows) with one state instead of the
+/// Fenwick levels — λ ≡ 1 without the levels.
+pub fn mamba2(q: CubeTensor, k: CubeTensor, v: CubeTensor, g: CubeTensor) -> CubeTensor {
+    let [bs, t, h, _] = q.meta.shape().dims::<4>();
+    // The kernels read a λ of one level they then ignore: g itself, viewed as [B, T, H, 1].
     let g = into_contiguous(g);
     let lambda = reshape(g.clone(), Shape::new([bs, t, h, 1]));
-    Some(causal_tensor_core(q, k, v, g, lambda, plan, true))
+    causal_with(q, k, v, g, lambda, None, true)
 }
 
 /// The forward on tensor cores ([`causal_tc_kernel`]) with `plan`; `single`: Mamba-2.
@@ -607,11 +629,7 @@ fn causal_tensor_core(
         dtype_to_storage_type(g.dtype),
     ];
     let tiles = width.div_ceil(plan.pt);
-    let nlev = if single {
-        usize::from(t > plan.chunk)
-    } else {
-        bitlen(t.div_ceil(plan.chunk) - 1)
-    };
+    let nlev = state_levels(t, plan.chunk, single);
     let alloc = |shape: Vec<usize>| {
         empty_device_contiguous_dtype(
             client.clone(),

@@ -50,15 +50,15 @@ pub trait LogLinearKernels: Backend {
         lambda: FloatTensor<Self>,
     ) -> FloatTensor<Self>;
 
-    /// Mamba-2 (SSD) on tensor cores, `o[t] = Σ_{s≤t} e^{Γt−Γs} (q_t·k_s) v_s` in the dtype of
-    /// `q`, or `None` where the tensor-core path cannot run. Forward only (no gradient is
-    /// tracked): the single-state baseline that `bench op --lambda-one` times the op against.
+    /// Mamba-2 (SSD), `o[t] = Σ_{s≤t} e^{Γt−Γs} (q_t·k_s) v_s` in the dtype of `q`, by the
+    /// forward kernel with one state (on tensor cores where they run). Forward only (no gradient
+    /// is tracked): the single-state baseline that `bench op --lambda-one` times the op against.
     fn mamba2_fused(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         g: FloatTensor<Self>,
-    ) -> Option<FloatTensor<Self>>;
+    ) -> FloatTensor<Self>;
 
     /// `(dq, dk, dv, dg, dλ)` in the dtypes of the inputs, from the inputs and the output
     /// gradient `grad: [B, T, H, P]` (dtype of `q`).
@@ -99,9 +99,9 @@ impl LogLinearKernels for CubeBackend {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         g: FloatTensor<Self>,
-    ) -> Option<FloatTensor<Self>> {
+    ) -> FloatTensor<Self> {
         let dtype = q.dtype;
-        launch::mamba2(q, k, v, g).map(|o| cast(o, dtype))
+        cast(launch::mamba2(q, k, v, g), dtype)
     }
 
     fn log_linear_fused_backward(
@@ -274,14 +274,14 @@ impl<B: Backend + LogLinearKernels, C: CheckpointStrategy> LogLinearKernels for 
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         g: FloatTensor<Self>,
-    ) -> Option<FloatTensor<Self>> {
+    ) -> FloatTensor<Self> {
         let o = B::mamba2_fused(
             q.into_primitive(),
             k.into_primitive(),
             v.into_primitive(),
             g.into_primitive(),
-        )?;
-        Some(<Self as AutodiffBackend>::from_inner(o))
+        );
+        <Self as AutodiffBackend>::from_inner(o)
     }
 
     fn log_linear_fused_backward(
@@ -370,20 +370,35 @@ pub fn fused(x: &LogLinearInput) -> Result<Tensor<4>, String> {
     Ok(Tensor::from_dispatch(o))
 }
 
-/// Mamba-2 (SSD) on the tensor cores of a CubeCL device, `o[t] = Σ_{s≤t} e^{Γt−Γs} (q_t·k_s) v_s`
-/// from `x` without its λ (forward only, no gradient), or why it cannot run: the single-state
-/// baseline of the op (λ ≡ 1 without the Fenwick levels).
+/// Mamba-2 (SSD) on a CubeCL device, `o[t] = Σ_{s≤t} e^{Γt−Γs} (q_t·k_s) v_s` from `x` without
+/// its λ (forward only, no gradient), or why it cannot run: the single-state baseline of the op
+/// (λ ≡ 1 without the Fenwick levels), on tensor cores where they run.
 pub fn mamba2(x: &LogLinearInput) -> Result<Tensor<4>, String> {
     if !is_cube_device(&x.device()) {
         return Err("the device has no CubeCL kernels".into());
     }
+    let d = x.dims();
+    if d.t == 0 {
+        return Err("an empty sequence".into());
+    }
+    let dtype = x.dtype();
+    if x.k.dtype() != dtype
+        || x.v.dtype() != dtype
+        || !matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
+    {
+        return Err(format!(
+            "q, k, v must share one of f32, bf16, f16 (got {dtype:?}, {:?}, {:?})",
+            x.k.dtype(),
+            x.v.dtype()
+        ));
+    }
+    launch::supported(d.n, d.p, 1, d.t, max_shared_memory(&x.q))?;
     let o = <burn::backend::Dispatch as LogLinearKernels>::mamba2_fused(
         x.q.clone().into_dispatch(),
         x.k.clone().into_dispatch(),
         x.v.clone().into_dispatch(),
         x.g.clone().into_dispatch(),
-    )
-    .ok_or("no tensor-core path for these inputs (needs bf16 inputs, N a multiple of 16, cmma)")?;
+    );
     Ok(Tensor::from_dispatch(o))
 }
 
