@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine: scripts/gpu-run.sh STEP... where STEP is one of
-#   smoke | commands | kernels | op | op-ab | op-tc | op-final | op-check | train-fused | train-forms | commands-lm | op-fused | op-chunks | op-long | op-chunked | train | train-short
+#   smoke | commands | kernels | op | op-tc | op-final | op-check | train-fused | train-forms | commands-lm | op-fused | op-chunks | op-long | op-chunked | train | train-short
 #   | train-long | train-32k | decode
 #   | mqar-timing
 #   | sweep:CONFIG:JOBS[:SET,SET...] | lm-eval:NAME
@@ -45,12 +45,6 @@ op-chunks)
         step "bench op bf16, fused, chunk $c"
         LOGLINEAR_FUSED_CHUNK=$c timeout 150 $bin bench op --device cuda --dtype bf16 --runs 10 --forms fused 2>&1 | tee "$out/bench_op_bf16_c$c.txt"
     done
-    ;;
-op-ab)
-    step "bench op bf16, fused, two-launch backward (default)"
-    timeout 150 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 2048,8192 2>&1 | tee "$out/bench_op_fused_bf16.txt"
-    step "bench op bf16, fused, four-launch backward of v1 (LOGLINEAR_FUSED_BACKWARD=split)"
-    LOGLINEAR_FUSED_BACKWARD=split timeout 150 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 2048,8192 2>&1 | tee "$out/bench_op_fused_bf16_split.txt"
     ;;
 op-tc)
     step "bench op bf16, fused, tensor-core forward (chunk 64)"

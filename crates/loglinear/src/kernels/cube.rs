@@ -1,26 +1,19 @@
-//! The scalar kernels of kernel v1 (launched from `launch.rs`): `causal_kernel` is the forward
-//! wherever the tensor-core forward does not run; the `dl` variant and `anticausal_kernel` serve
-//! only the four-launch v1 backward (`LOGLINEAR_FUSED_BACKWARD=split`), kept for comparison with
-//! the two-launch backward of `backward.rs`.
+//! The scalar forward kernel (launched from `launch.rs`) and the helpers every kernel shares.
 //!
-//! Both kernels walk the sequence chunk by chunk inside one cube per (batch·head, value tile),
-//! so every input is read once and the O(log T) level states never leave the cube's reach
-//! between chunks:
-//!
-//! * [`causal_kernel`] — `out[t] = Σ_{s≤t} λ[t, ℓ(t,s)] e^{Γt−Γs} (a_t·b_s) c_s`, the forward op
-//!   (λ on the output side). With `dl` it instead returns the λ gradient
-//!   `dλ[t, ℓ] = Σ_{s in level ℓ of t} e^{Γt−Γs} (a_t·b_s) (w_t·c_s)` (partial over value tiles).
-//! * [`anticausal_kernel`] — `out[s] = Σ_{t≥s} λ[t, ℓ(t,s)] e^{Γt−Γs} (a_s·b_t) c_t`, the
-//!   transposed op (λ on the input side), which gave `dk` and `dv`.
+//! [`causal_kernel`] computes `out[t] = Σ_{s≤t} λ[t, ℓ(t,s)] e^{Γt−Γs} (a_t·b_s) c_s` wherever the
+//! tensor-core forward does not run (f32 and f16 inputs, key widths that are no multiple of 16,
+//! devices without `cmma`). It walks the sequence chunk by chunk inside one cube per
+//! (batch·head, value tile), so every input is read once and the O(log T) level states never
+//! leave the cube's reach between chunks.
 //!
 //! Chunk `j` (of `C` tokens) sees earlier chunks through chunk levels `i ≥ 1` (token level
 //! `log2 C + i`): the pairs of chunk level `i` are keys in the first half and queries in the
 //! second half of an aligned period of `2^i` chunks. One accumulator per chunk level holds the
-//! current period's key half (causal) or query half (anticausal) as an `nk × pt` state, in a
-//! global scratch buffer or (`smem_states`) in shared memory, with a lazy decay factor per level
-//! in shared memory (a multiply per chunk instead of a pass over the state). Decays are
-//! exponentials of in-chunk cumulative sums and of per-chunk totals only, never of long
-//! differences. See `kernels/README.md` for the derivation.
+//! current period's key half as an `nk × pt` state, in a global scratch buffer or
+//! (`smem_states`) in shared memory, with a lazy decay factor per level in shared memory (a
+//! multiply per chunk instead of a pass over the state). Decays are exponentials of in-chunk
+//! cumulative sums and of per-chunk totals only, never of long differences. See
+//! `kernels/README.md` for the derivation.
 
 use cubecl::prelude::*;
 
@@ -196,12 +189,12 @@ pub fn advance_scales(
     }
 }
 
-/// The causal kernel (forward op, `dq`, and with `dl` the λ gradient; with `single`, Mamba-2:
-/// λ ignored, one state read and rewritten by every chunk, as in the tensor-core kernel).
+/// The forward op (with `single`, Mamba-2: λ ignored, one state read and rewritten by every
+/// chunk, as in the tensor-core kernel).
 ///
-/// Shapes: `a, b: [B, T, H, nk]`, `c, w: [B, T, H, width]` (dtype `E`), `g: [B, T, H]`,
+/// Shapes: `a, b: [B, T, H, nk]`, `c: [B, T, H, width]` (dtype `E`), `g: [B, T, H]`,
 /// `lambda: [B, T, H, levels]` (dtype `G`, f32 under mixed precision), all contiguous;
-/// `out: [B, T, H, width]` (f32), or with `dl` `[tiles, B, T, H, levels]`; `states`:
+/// `out: [B, T, H, width]` (f32); `states`:
 /// `tiles·B·H·nlev·nk·pt` f32 scratch (one element with `smem_states`).
 /// Grid `(B·H, tiles)`, [`THREADS`] units.
 #[allow(clippy::too_many_arguments)]
@@ -212,7 +205,6 @@ pub fn causal_kernel<E: Float, G: Float>(
     c: &Tensor<E>,
     g: &Tensor<G>,
     lambda: &Tensor<G>,
-    w: &Tensor<E>,
     out: &mut Tensor<f32>,
     states: &mut Tensor<f32>,
     batch: usize,
@@ -224,15 +216,10 @@ pub fn causal_kernel<E: Float, G: Float>(
     #[comptime] pt: usize,
     #[comptime] levels: usize,
     #[comptime] nlev: usize,
-    #[comptime] dl: bool,
     #[comptime] smem_states: bool,
     #[comptime] single: bool,
     #[define(E, G)] _dtypes: [ElemType; 2],
 ) {
-    comptime!(assert!(
-        !(dl && single),
-        "causal_kernel: the λ gradient of Mamba-2 does not exist"
-    ));
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
     let bi = bh / heads;
@@ -252,10 +239,8 @@ pub fn causal_kernel<E: Float, G: Float>(
     let mut qs = Shared::<[f32]>::new_slice(comptime!(chunk * (nk + 1)));
     let mut kt = Shared::<[f32]>::new_slice(comptime!(nk * chunk));
     let mut vs = Shared::<[f32]>::new_slice(comptime!(chunk * pt));
-    let mut ws = Shared::<[f32]>::new_slice(comptime!(if dl { chunk * pt } else { 1 }));
     let mut sc = Shared::<[f32]>::new_slice(comptime!(chunk * chunk));
     let mut lam = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
-    let mut red = Shared::<[f32]>::new_slice(comptime!(if dl { chunk * pt } else { 1 }));
     let mut graw = Shared::<[f32]>::new_slice(chunk);
     let mut gam = Shared::<[f32]>::new_slice(chunk);
     let mut kd = Shared::<[f32]>::new_slice(chunk);
@@ -285,26 +270,17 @@ pub fn causal_kernel<E: Float, G: Float>(
             let p = p0 + idx % pt;
             let t = t0 + i;
             let mut cv = 0.0f32;
-            let mut wv = 0.0f32;
             if t < seq && p < width {
-                let off = row(bi, t, h, seq, heads, width) + p;
-                cv = f32::cast_from(c[off]);
-                if dl {
-                    wv = f32::cast_from(w[off]);
-                }
+                cv = f32::cast_from(c[row(bi, t, h, seq, heads, width) + p]);
             }
             vs[idx] = cv;
-            if dl {
-                ws[idx] = wv;
-            }
             idx += THREADS;
         }
         load_chunk::<E, G>(
             a, b, g, lambda, &mut qs, &mut kt, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u,
             t0, bi, h, seq, heads, chunk, chunk, nk, levels,
         );
-        // (3) Intra-chunk scores, causal: (a_i·b_j) e^{γi−γj} λ[i, ℓ(i,j)]; with dl, the
-        // λ-free score times (w_i·c_j) over this value tile.
+        // (3) Intra-chunk scores, causal: (a_i·b_j) e^{γi−γj} λ[i, ℓ(i,j)].
         let si = u / sj;
         #[unroll]
         for r in 0..per_row {
@@ -316,13 +292,7 @@ pub fn causal_kernel<E: Float, G: Float>(
                 }
                 s *= (gam[si] - gam[sjj]).exp();
                 let lvl = bitlen(si ^ sjj);
-                if dl {
-                    let mut d = 0.0f32;
-                    for p in 0..pt {
-                        d += ws[si * pt + p] * vs[sjj * pt + p];
-                    }
-                    s *= d;
-                } else if single {
+                if single {
                     // Mamba-2: every pair weighs 1.
                 } else if lvl < levels {
                     s *= lam[si * levels + lvl];
@@ -339,32 +309,12 @@ pub fn causal_kernel<E: Float, G: Float>(
         for r in 0..rows_out {
             acc[r] = 0.0f32;
         }
-        if dl {
-            // (4a) Level-segmented row sums of the in-chunk terms, written straight to this
-            // row's dλ entries (each row has one owner unit, which also adds the levels of (5)).
-            let t = t0 + u;
-            if u < chunk && t < seq {
-                let dl_row = (((tile * batch + bi) * seq + t) * heads + h) * levels;
-                for lvl in 0..levels {
-                    let mut sum = 0.0f32;
-                    if lvl <= log_c {
-                        for jj in 0..chunk {
-                            if jj <= u && bitlen(u ^ jj) == lvl {
-                                sum += sc[u * chunk + jj];
-                            }
-                        }
-                    }
-                    out[dl_row + lvl] = sum;
-                }
-            }
-        } else {
-            // (4b) In-chunk output: scores × values.
-            for jj in 0..chunk {
-                let cv = vs[jj * pt + pc];
-                #[unroll]
-                for r in 0..rows_out {
-                    acc[r] += sc[(rbase + r * rstep) * chunk + jj] * cv;
-                }
+        // (4) In-chunk output: scores × values.
+        for jj in 0..chunk {
+            let cv = vs[jj * pt + pc];
+            #[unroll]
+            for r in 0..rows_out {
+                acc[r] += sc[(rbase + r * rstep) * chunk + jj] * cv;
             }
         }
         // (5) Earlier chunks: chunk level i is read when chunk j is in the second half of its
@@ -398,40 +348,21 @@ pub fn causal_kernel<E: Float, G: Float>(
                 #[unroll]
                 for r in 0..rows_out {
                     let i = rbase + r * rstep;
-                    if dl {
-                        red[i * pt + pc] = tmp[r] * f * eg[i] * ws[i * pt + pc];
-                    } else {
-                        let mut w = f * eg[i];
-                        if !single {
-                            w *= lam[i * levels + token_level];
-                        }
-                        acc[r] += tmp[r] * w;
+                    let mut w = f * eg[i];
+                    if !single {
+                        w *= lam[i * levels + token_level];
                     }
-                }
-                if dl {
-                    sync_cube();
-                    let t = t0 + u;
-                    if u < chunk && t < seq {
-                        let mut s = 0.0f32;
-                        for p in 0..pt {
-                            s += red[u * pt + p];
-                        }
-                        out[(((tile * batch + bi) * seq + t) * heads + h) * levels
-                            + token_level] += s;
-                    }
-                    sync_cube();
+                    acc[r] += tmp[r] * w;
                 }
             }
         }
         // (6) Outputs.
-        if !dl {
-            #[unroll]
-            for r in 0..rows_out {
-                let t = t0 + rbase + r * rstep;
-                let p = p0 + pc;
-                if t < seq && p < width {
-                    out[row(bi, t, h, seq, heads, width) + p] = acc[r];
-                }
+        #[unroll]
+        for r in 0..rows_out {
+            let t = t0 + rbase + r * rstep;
+            let p = p0 + pc;
+            if t < seq && p < width {
+                out[row(bi, t, h, seq, heads, width) + p] = acc[r];
             }
         }
         // (7) This chunk's key state Σ_i e^{γlast−γi} b_i c_iᵀ joins every level whose period
@@ -504,234 +435,6 @@ pub fn causal_kernel<E: Float, G: Float>(
             } else {
                 REWRITES_CLEAR_BITS
             }),
-        );
-        sync_cube();
-    }
-}
-
-/// The anticausal kernel (transposed op): `dv` with `(a, b, c) = (k, q, dO)`, `dk` with
-/// `(v, dO, q)`. Chunks run from last to first; λ weighs the later token `t`.
-///
-/// Shapes as [`causal_kernel`]; `out: [B, T, H, width]` (f32).
-#[allow(clippy::too_many_arguments)]
-#[cube(launch)]
-pub fn anticausal_kernel<E: Float, G: Float>(
-    a: &Tensor<E>,
-    b: &Tensor<E>,
-    c: &Tensor<E>,
-    g: &Tensor<G>,
-    lambda: &Tensor<G>,
-    out: &mut Tensor<f32>,
-    states: &mut Tensor<f32>,
-    batch: usize,
-    seq: usize,
-    heads: usize,
-    width: usize,
-    #[comptime] chunk: usize,
-    #[comptime] nk: usize,
-    #[comptime] pt: usize,
-    #[comptime] levels: usize,
-    #[comptime] nlev: usize,
-    #[comptime] smem_states: bool,
-    #[define(E, G)] _dtypes: [ElemType; 2],
-) {
-    let bh = CUBE_POS_X as usize;
-    let tile = CUBE_POS_Y as usize;
-    let bi = bh / heads;
-    let h = bh % heads;
-    let u = UNIT_POS_X as usize;
-    let p0 = tile * pt;
-    let log_c = comptime!(chunk.trailing_zeros() as usize);
-    let qs_stride = comptime!(nk + 1);
-    let rstep = comptime!(THREADS / pt);
-    let rows_out = comptime!(chunk / (THREADS / pt));
-    let rows_state = comptime!(nk.div_ceil(THREADS / pt));
-    let sj = comptime!(THREADS / chunk);
-    let per_row = comptime!(chunk * chunk / THREADS);
-    let level_size = comptime!(nk * pt);
-    let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt);
-
-    let mut qs = Shared::<[f32]>::new_slice(comptime!(chunk * (nk + 1)));
-    let mut kt = Shared::<[f32]>::new_slice(comptime!(nk * chunk));
-    let mut vs = Shared::<[f32]>::new_slice(comptime!(chunk * pt));
-    let mut sc = Shared::<[f32]>::new_slice(comptime!(chunk * chunk));
-    let mut lam = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
-    let mut graw = Shared::<[f32]>::new_slice(chunk);
-    let mut gam = Shared::<[f32]>::new_slice(chunk);
-    let mut kd = Shared::<[f32]>::new_slice(chunk);
-    let mut eg = Shared::<[f32]>::new_slice(chunk);
-    let mut scale = Shared::<[f32]>::new_slice(comptime!(nlev.max(1)));
-    // The level states: in shared memory when they fit (`smem_states`), else in the global
-    // scratch `states` (L2-resident at best).
-    let mut st = Shared::<[f32]>::new_slice(comptime!(if smem_states {
-        nlev.max(1) * nk * pt
-    } else {
-        1
-    }));
-
-    if u < nlev {
-        scale[u] = 1.0f32;
-    }
-    // A period whose later half lies past the end is read before anything was added to it.
-    let mut idx = u;
-    while idx < comptime!(nlev * nk * pt) {
-        if smem_states {
-            st[idx] = 0.0f32;
-        } else {
-            states[state_base + idx] = 0.0f32;
-        }
-        idx += THREADS;
-    }
-    sync_storage();
-    let pc = u % pt;
-    let rbase = u / pt;
-    let n_chunks = seq.div_ceil(chunk);
-
-    for step in 0..n_chunks {
-        let j = n_chunks - 1 - step;
-        let t0 = j * chunk;
-        let mut idx = u;
-        while idx < comptime!(chunk * pt) {
-            let i = idx / pt;
-            let p = p0 + idx % pt;
-            let t = t0 + i;
-            let mut cv = 0.0f32;
-            if t < seq && p < width {
-                cv = f32::cast_from(c[row(bi, t, h, seq, heads, width) + p]);
-            }
-            vs[idx] = cv;
-            idx += THREADS;
-        }
-        load_chunk::<E, G>(
-            a, b, g, lambda, &mut qs, &mut kt, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u,
-            t0, bi, h, seq, heads, chunk, chunk, nk, levels,
-        );
-        // Intra-chunk scores, anticausal: (a_i·b_j) e^{γj−γi} λ[j, ℓ(i,j)] for j ≥ i.
-        let si = u / sj;
-        #[unroll]
-        for r in 0..per_row {
-            let sjj = u % sj + r * sj;
-            let mut s = 0.0f32;
-            if sjj >= si {
-                let lvl = bitlen(si ^ sjj);
-                if lvl < levels {
-                    for n in 0..nk {
-                        s += qs[si * qs_stride + n] * kt[n * chunk + sjj];
-                    }
-                    s *= (gam[sjj] - gam[si]).exp() * lam[sjj * levels + lvl];
-                }
-            }
-            sc[si * chunk + sjj] = s;
-        }
-        sync_cube();
-
-        let mut acc = Array::<f32>::new(rows_out);
-        #[unroll]
-        for r in 0..rows_out {
-            acc[r] = 0.0f32;
-        }
-        for jj in 0..chunk {
-            let cv = vs[jj * pt + pc];
-            #[unroll]
-            for r in 0..rows_out {
-                acc[r] += sc[(rbase + r * rstep) * chunk + jj] * cv;
-            }
-        }
-        // Later chunks: chunk level i is read when chunk j is in the first half of its period
-        // (bit i−1 clear); the state holds the second half, decayed to the end of chunk j.
-        for lvi in 0..nlev {
-            let token_level = log_c + lvi + 1;
-            if (j >> lvi) & 1 == 0 && token_level < levels {
-                let base = state_base + lvi * level_size;
-                let mut tmp = Array::<f32>::new(rows_out);
-                #[unroll]
-                for r in 0..rows_out {
-                    tmp[r] = 0.0f32;
-                }
-                for n in 0..nk {
-                    let z = if smem_states {
-                        st[lvi * level_size + n * pt + pc]
-                    } else {
-                        states[base + n * pt + pc]
-                    };
-                    #[unroll]
-                    for r in 0..rows_out {
-                        tmp[r] += qs[(rbase + r * rstep) * qs_stride + n] * z;
-                    }
-                }
-                let f = scale[lvi];
-                #[unroll]
-                for r in 0..rows_out {
-                    let i = rbase + r * rstep;
-                    acc[r] += tmp[r] * f * kd[i];
-                }
-            }
-        }
-        #[unroll]
-        for r in 0..rows_out {
-            let t = t0 + rbase + r * rstep;
-            let p = p0 + pc;
-            if t < seq && p < width {
-                out[row(bi, t, h, seq, heads, width) + p] = acc[r];
-            }
-        }
-        // This chunk joins, weighted by its own λ at each level, every level whose period has
-        // chunk j in its second half; the last chunk of a period starts it afresh. States are
-        // referenced to the end of chunk j − 1 afterwards.
-        let chunk_decay = eg[comptime!(chunk - 1)];
-        for lvi in 0..nlev {
-            let token_level = log_c + lvi + 1;
-            if (j >> lvi) & 1 == 1 && token_level < levels {
-                let mut ks = Array::<f32>::new(rows_state);
-                #[unroll]
-                for r in 0..rows_state {
-                    ks[r] = 0.0f32;
-                }
-                for i in 0..chunk {
-                    let cv = vs[i * pt + pc] * eg[i] * lam[i * levels + token_level];
-                    #[unroll]
-                    for r in 0..rows_state {
-                        let n = rbase + r * rstep;
-                        if n < nk {
-                            ks[r] += kt[n * chunk + i] * cv;
-                        }
-                    }
-                }
-                let base = state_base + lvi * level_size;
-                let period = 2usize << lvi;
-                let fresh = j % period == period - 1;
-                let f = scale[lvi] * chunk_decay;
-                #[unroll]
-                for r in 0..rows_state {
-                    let n = rbase + r * rstep;
-                    if n < nk {
-                        let e = n * pt + pc;
-                        let mut old = 0.0f32;
-                        if smem_states {
-                            if !fresh {
-                                old = st[lvi * level_size + e] * f;
-                            }
-                            st[lvi * level_size + e] = old + ks[r];
-                        } else {
-                            if !fresh {
-                                old = states[base + e] * f;
-                            }
-                            states[base + e] = old + ks[r];
-                        }
-                    }
-                }
-            }
-        }
-        sync_storage();
-        advance_scales(
-            &mut scale,
-            &eg,
-            u,
-            j,
-            chunk,
-            levels,
-            nlev,
-            REWRITES_SET_BITS,
         );
         sync_cube();
     }

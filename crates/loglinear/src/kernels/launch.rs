@@ -12,7 +12,7 @@ use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
 
 use super::backward::{anticausal_backward_kernel, causal_backward_kernel, key_lanes};
-use super::cube::{THREADS, anticausal_kernel, causal_kernel};
+use super::cube::{THREADS, causal_kernel};
 use super::tensor_core::{TILE, causal_tc_kernel, tc_shared_bytes};
 use super::tensor_core_backward::{
     anticausal_backward_tc_kernel, causal_backward_tc_kernel, tc_backward_shared_bytes,
@@ -42,9 +42,8 @@ fn prefer_shared_states() -> bool {
     )
 }
 
-/// Shared memory (bytes) of one cube of the causal (`dl`: λ-gradient variant) or anticausal
-/// kernel; both have the same layout but for the λ-gradient buffers.
-pub fn shared_bytes(plan: Plan, nk: usize, levels: usize, nlev: usize, dl: bool) -> usize {
+/// Shared memory (bytes) of one cube of the scalar forward kernel.
+pub fn shared_bytes(plan: Plan, nk: usize, levels: usize, nlev: usize) -> usize {
     let Plan {
         chunk,
         pt,
@@ -55,10 +54,9 @@ pub fn shared_bytes(plan: Plan, nk: usize, levels: usize, nlev: usize, dl: bool)
     } else {
         1
     };
-    let extra = usize::from(dl);
     let floats = chunk * (nk + 1)
         + nk * chunk
-        + chunk * pt * (1 + 2 * extra)
+        + chunk * pt
         + chunk * chunk
         + chunk * levels
         + 4 * chunk
@@ -89,7 +87,6 @@ pub fn plan(
     width: usize,
     levels: usize,
     seq: usize,
-    dl: bool,
     max_shared: usize,
     parallel: Option<(usize, usize)>,
 ) -> Option<Plan> {
@@ -118,7 +115,7 @@ pub fn plan(
                 });
                 if !starved
                     && chunk * pt >= THREADS
-                    && shared_bytes(plan, nk, levels, nlev, dl) <= max_shared
+                    && shared_bytes(plan, nk, levels, nlev) <= max_shared
                 {
                     return Some(plan);
                 }
@@ -132,20 +129,11 @@ pub fn plan(
 /// Whether the fused op can run for key width `n`, value width `p`, `l` λ slots over `t`
 /// tokens with `max_shared` bytes per cube; otherwise the reason.
 pub fn supported(n: usize, p: usize, l: usize, t: usize, max_shared: usize) -> Result<(), String> {
-    // Forward and dλ (keys n wide), dq (keys p wide, values n wide), dv and dk.
-    let launches = [
-        ("forward", n, p, false),
-        ("dλ", n, p, true),
-        ("dq / dk", p, n, false),
-        ("dv", n, p, false),
-    ];
-    for (name, nk, width, dl) in launches {
-        if plan(nk, width, l, t, dl, max_shared, None).is_none() {
-            return Err(format!(
-                "no tile of the {name} kernel fits {max_shared} bytes of shared memory \
-                 (key width {nk}, value width {width}, {l} λ levels)"
-            ));
-        }
+    if plan(n, p, l, t, max_shared, None).is_none() {
+        return Err(format!(
+            "no tile of the forward kernel fits {max_shared} bytes of shared memory \
+             (key width {n}, value width {p}, {l} λ levels)"
+        ));
     }
     if plan_backward(n, p, l, t, max_shared, None).is_none() {
         return Err(format!(
@@ -179,17 +167,16 @@ fn dims(a: &CubeTensor, c: &CubeTensor, lambda: &CubeTensor) -> [usize; 6] {
     [b, t, h, nk, c.meta.shape()[3], lambda.meta.shape()[3]]
 }
 
-/// `out[t] = Σ_{s≤t} λ[t, ℓ(t,s)] e^{Γt−Γs} (a_t·b_s) c_s` as f32 `[B, T, H, width]`; with `w`,
-/// the λ gradient per value tile, f32 `[tiles, B, T, H, L]`.
+/// The forward op, `out[t] = Σ_{s≤t} λ[t, ℓ(t,s)] e^{Γt−Γs} (a_t·b_s) c_s`, as f32
+/// `[B, T, H, width]`: on tensor cores where [`plan_tensor_core`] allows, else the scalar kernel.
 pub fn causal(
     a: CubeTensor,
     b: CubeTensor,
     c: CubeTensor,
     g: CubeTensor,
     lambda: CubeTensor,
-    w: Option<CubeTensor>,
 ) -> CubeTensor {
-    causal_with(a, b, c, g, lambda, w, false)
+    causal_with(a, b, c, g, lambda, false)
 }
 
 /// [`causal`], or with `single` Mamba-2 (λ ignored, one state for the whole past).
@@ -199,12 +186,10 @@ fn causal_with(
     c: CubeTensor,
     g: CubeTensor,
     lambda: CubeTensor,
-    w: Option<CubeTensor>,
     single: bool,
 ) -> CubeTensor {
     let [bs, t, h, nk, width, levels] = dims(&a, &c, &lambda);
-    let dl = w.is_some();
-    if !dl && let Some(plan) = plan_tensor_core(&a, nk, width, levels, bs * h) {
+    if let Some(plan) = plan_tensor_core(&a, nk, width, levels, bs * h) {
         return causal_tensor_core(a, b, c, g, lambda, plan, single);
     }
     let client = a.client.clone();
@@ -213,93 +198,11 @@ fn causal_with(
     let g_dtype = g.dtype;
     let max_shared = max_shared_memory(&device);
     let parallel = Some((bs * h, multiprocessors(&device)));
-    let plan = plan(nk, width, levels, t, dl, max_shared, parallel).unwrap_or_else(|| {
+    let plan = plan(nk, width, levels, t, max_shared, parallel).unwrap_or_else(|| {
         panic!("log_linear_fused: no tile fits (nk {nk}, width {width}, L {levels}, T {t})")
     });
     let tiles = width.div_ceil(plan.pt);
     let nlev = state_levels(t, plan.chunk, single);
-    let out_shape: Vec<usize> = if dl {
-        vec![tiles, bs, t, h, levels]
-    } else {
-        vec![bs, t, h, width]
-    };
-    let out = empty_device_contiguous_dtype(
-        client.clone(),
-        device.clone(),
-        Shape::from(out_shape),
-        DType::F32,
-    );
-    let states = empty_device_contiguous_dtype(
-        client.clone(),
-        device,
-        Shape::new([if plan.shared_states {
-            1
-        } else {
-            tiles * bs * h * nlev.max(1) * nk * plan.pt
-        }]),
-        DType::F32,
-    );
-    let c = into_contiguous(c);
-    let w = w.map(into_contiguous).unwrap_or_else(|| c.clone());
-    causal_kernel::launch(
-        &client,
-        CubeCount::Static((bs * h) as u32, tiles as u32, 1),
-        CubeDim::new_1d(THREADS as u32),
-        into_contiguous(a).into_tensor_arg(),
-        into_contiguous(b).into_tensor_arg(),
-        c.into_tensor_arg(),
-        into_contiguous(g).into_tensor_arg(),
-        into_contiguous(lambda).into_tensor_arg(),
-        w.into_tensor_arg(),
-        out.clone().into_tensor_arg(),
-        states.into_tensor_arg(),
-        bs,
-        t,
-        h,
-        width,
-        plan.chunk,
-        nk,
-        plan.pt,
-        levels,
-        nlev,
-        dl,
-        plan.shared_states,
-        single,
-        [dtype_to_storage_type(dtype), dtype_to_storage_type(g_dtype)],
-    );
-    out
-}
-
-/// Level states a causal walk over `t` tokens in chunks of `chunk` keeps: one per chunk level,
-/// or for Mamba-2 (`single`) one state once there is an earlier chunk to hold.
-fn state_levels(t: usize, chunk: usize, single: bool) -> usize {
-    if single {
-        usize::from(t > chunk)
-    } else {
-        bitlen(t.div_ceil(chunk) - 1)
-    }
-}
-
-/// `out[s] = Σ_{t≥s} λ[t, ℓ(t,s)] e^{Γt−Γs} (a_s·b_t) c_t` as f32 `[B, T, H, width]`.
-pub fn anticausal(
-    a: CubeTensor,
-    b: CubeTensor,
-    c: CubeTensor,
-    g: CubeTensor,
-    lambda: CubeTensor,
-) -> CubeTensor {
-    let [bs, t, h, nk, width, levels] = dims(&a, &c, &lambda);
-    let client = a.client.clone();
-    let device = a.device.clone();
-    let dtype = a.dtype;
-    let g_dtype = g.dtype;
-    let max_shared = max_shared_memory(&device);
-    let parallel = Some((bs * h, multiprocessors(&device)));
-    let plan = plan(nk, width, levels, t, false, max_shared, parallel).unwrap_or_else(|| {
-        panic!("log_linear_fused: no tile fits (nk {nk}, width {width}, L {levels}, T {t})")
-    });
-    let tiles = width.div_ceil(plan.pt);
-    let nlev = bitlen(t.div_ceil(plan.chunk) - 1);
     let out = empty_device_contiguous_dtype(
         client.clone(),
         device.clone(),
@@ -316,7 +219,7 @@ pub fn anticausal(
         }]),
         DType::F32,
     );
-    anticausal_kernel::launch(
+    causal_kernel::launch(
         &client,
         CubeCount::Static((bs * h) as u32, tiles as u32, 1),
         CubeDim::new_1d(THREADS as u32),
@@ -337,9 +240,20 @@ pub fn anticausal(
         levels,
         nlev,
         plan.shared_states,
+        single,
         [dtype_to_storage_type(dtype), dtype_to_storage_type(g_dtype)],
     );
     out
+}
+
+/// Level states a causal walk over `t` tokens in chunks of `chunk` keeps: one per chunk level,
+/// or for Mamba-2 (`single`) one state once there is an earlier chunk to hold.
+fn state_levels(t: usize, chunk: usize, single: bool) -> usize {
+    if single {
+        usize::from(t > chunk)
+    } else {
+        bitlen(t.div_ceil(chunk) - 1)
+    }
 }
 
 /// Shared memory (bytes) of one cube of the causal (`causal`) or anticausal backward kernel.
@@ -608,7 +522,7 @@ pub fn mamba2(q: CubeTensor, k: CubeTensor, v: CubeTensor, g: CubeTensor) -> Cub
     // The kernels read a λ of one level they then ignore: g itself, viewed as [B, T, H, 1].
     let g = into_contiguous(g);
     let lambda = reshape(g.clone(), Shape::new([bs, t, h, 1]));
-    causal_with(q, k, v, g, lambda, None, true)
+    causal_with(q, k, v, g, lambda, true)
 }
 
 /// The forward on tensor cores ([`causal_tc_kernel`]) with `plan`; `single`: Mamba-2.

@@ -90,7 +90,7 @@ impl LogLinearKernels for CubeBackend {
         lambda: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         let dtype = q.dtype;
-        let o = launch::causal(q, k, v, g, lambda, None);
+        let o = launch::causal(q, k, v, g, lambda);
         cast(o, dtype)
     }
 
@@ -127,19 +127,13 @@ impl LogLinearKernels for CubeBackend {
         let key_shape = q.meta.shape().clone();
         let lambda_all = lambda.clone();
         let v_all = v.clone();
-        let (dq, dk, dv, dl) = if split_backward() {
-            split_backward_kernels(q, k, v, g.clone(), lambda, grad)
-        } else {
-            let (dq, dl, dk, dv) = launch::backward(q, k, v, g.clone(), lambda, grad);
-            let sum_tiles =
-                |t: FloatTensor<Self>, shape| Cb::float_reshape(Cb::float_sum_dim(t, 0), shape);
-            (
-                sum_tiles(dq, key_shape.clone()),
-                sum_tiles(dk, key_shape),
-                dv,
-                sum_tiles(dl, dl_shape),
-            )
-        };
+        // dq, dk and dλ come per value tile.
+        let (dq, dl, dk, dv) = launch::backward(q, k, v, g.clone(), lambda, grad);
+        let sum_tiles =
+            |t: FloatTensor<Self>, shape| Cb::float_reshape(Cb::float_sum_dim(t, 0), shape);
+        let dq = sum_tiles(dq, key_shape.clone());
+        let dk = sum_tiles(dk, key_shape);
+        let dl = sum_tiles(dl, dl_shape);
         // dΓ_t = dO_t·o_t − v_t·dv_t with dO_t·o_t = Σ_ℓ λ[t,ℓ] dλ[t,ℓ] (o is λ-weighted per
         // level), all in f32 and without keeping o; dg is the reverse cumulative sum over time.
         let f32 = |t: FloatTensor<Self>| cast(t, DType::F32);
@@ -163,58 +157,6 @@ fn cast(t: FloatTensor<Cb>, dtype: DType) -> FloatTensor<Cb> {
     } else {
         Cb::float_cast(t, dtype.into())
     }
-}
-
-/// Whether `LOGLINEAR_FUSED_BACKWARD=split` asks for the backward of kernel v1: four launches of
-/// the forward kernels (`dq`, `dλ`, `dv`, `dk`), kept to measure against the two-launch backward.
-fn split_backward() -> bool {
-    matches!(
-        std::env::var("LOGLINEAR_FUSED_BACKWARD").as_deref(),
-        Ok("split")
-    )
-}
-
-/// `(dq, dk, dv, dλ)` (f32) by four launches of the forward kernels.
-fn split_backward_kernels(
-    q: FloatTensor<Cb>,
-    k: FloatTensor<Cb>,
-    v: FloatTensor<Cb>,
-    g: FloatTensor<Cb>,
-    lambda: FloatTensor<Cb>,
-    grad: FloatTensor<Cb>,
-) -> (
-    FloatTensor<Cb>,
-    FloatTensor<Cb>,
-    FloatTensor<Cb>,
-    FloatTensor<Cb>,
-) {
-    let dq = launch::causal(
-        grad.clone(),
-        v.clone(),
-        k.clone(),
-        g.clone(),
-        lambda.clone(),
-        None,
-    );
-    let dl_shape = lambda.meta.shape().clone();
-    let dl_tiles = launch::causal(
-        q.clone(),
-        k.clone(),
-        v.clone(),
-        g.clone(),
-        lambda.clone(),
-        Some(grad.clone()),
-    );
-    let dl = Cb::float_reshape(Cb::float_sum_dim(dl_tiles, 0), dl_shape);
-    let dv = launch::anticausal(
-        k.clone(),
-        q.clone(),
-        grad.clone(),
-        g.clone(),
-        lambda.clone(),
-    );
-    let dk = launch::anticausal(v, grad, q, g, lambda);
-    (dq, dk, dv, dl)
 }
 
 impl<B: Backend + LogLinearKernels, C: CheckpointStrategy> LogLinearKernels for Autodiff<B, C> {
