@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine: scripts/gpu-run.sh STEP... where STEP is one of
-#   smoke | commands | kernels | op | op-tc | op-final | op-check | train-fused | train-forms | commands-lm | op-fused | op-chunks | op-long | op-chunked | train | train-short
+#   smoke | profile | commands | kernels | op | op-tc | op-final | op-check | train-fused | train-forms | commands-lm | op-fused | op-chunks | op-long | op-chunked | train | train-short
 #   | train-long | train-32k | decode
 #   | mqar-timing
 #   | sweep:CONFIG:JOBS[:SET,SET...] | lm-eval:NAME
@@ -70,6 +70,19 @@ commands-lm)
     timeout 40 $bin viz $d/tiny --out $d/viz --device cuda 2>&1 | tail -1
     timeout 60 $bin train experiments/lm_cpu.toml --device cuda --out $d/lm --set model.lambda=mlp_softplus --set seed=0 --set train.steps=20 --set eval.every=20 2>&1 | tail -1
     timeout 40 $bin generate --run $d/lm --prompt "The state of the union" --max-tokens 20 --device cuda 2>&1 | tail -2
+    ;;
+profile)
+    # Where the fused kernels' time goes: Nsight Compute's speed-of-light, occupancy and warp
+    # stall sections for one launch of each kernel at T = 8192 (skipped where ncu is missing).
+    step "ncu profile of the fused kernels, bf16, T = 8192"
+    ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+    if [[ -z $ncu ]]; then echo "ncu not found"; ls /usr/local/cuda/bin | head -50; else
+        timeout 240 $ncu --target-processes all -k regex:ausal --launch-count 10 \
+            --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+            --section MemoryWorkloadAnalysis \
+            $bin bench op --device cuda --dtype bf16 --runs 1 --forms fused --t 8192 2>&1 \
+            | grep -v "^==PROF==" | tee "$out/ncu_fused.txt" | tail -150
+    fi
     ;;
 op-check)
     step "bench op bf16, fused (tensor cores fwd and bwd)"
