@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine: scripts/gpu-run.sh STEP... where STEP is one of
-#   smoke | profile | commands | kernels | op | op-tc | op-final | op-check | train-fused | train-forms | commands-lm | op-fused | op-chunks | op-long | op-chunked | train | train-short
+#   smoke | profile | op-vec | commands | kernels | op | op-tc | op-final | op-check | train-fused | train-forms | commands-lm | op-fused | op-chunks | op-long | op-chunked | train | train-short
 #   | train-long | train-32k | decode
 #   | mqar-timing
 #   | sweep:CONFIG:JOBS[:SET,SET...] | lm-eval:NAME
@@ -83,6 +83,12 @@ profile)
             $bin bench op --device cuda --dtype bf16 --runs 1 --forms fused --t 8192 2>&1 \
             | grep -v "^==PROF==" | tee "$out/ncu_fused.txt" | tail -150
     fi
+    ;;
+op-vec)
+    step "bench op bf16, fused, 16-byte loads (default), T = 2048, 8192, 32768, λ learned and ≡ 1 with fused Mamba-2"
+    timeout 240 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 2048,8192,32768 --lambda-one 2>&1 | tee "$out/bench_op_vec.txt"
+    step "bench op bf16, fused, one element per load (LOGLINEAR_TC_VEC=1), T = 8192"
+    LOGLINEAR_TC_VEC=1 timeout 100 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 8192 2>&1 | tee "$out/bench_op_novec.txt"
     ;;
 op-check)
     step "bench op bf16, fused (tensor cores fwd and bwd)"

@@ -153,3 +153,60 @@ fn mamba2_is_the_op_with_lambda_one() {
         );
     }
 }
+
+/// The vector-access helpers of the tensor-core kernels (16-byte loads of input rows, level
+/// states read and merged four floats at a time), which software Vulkan cannot run inside those
+/// kernels (no `cmma`), through a one-cube probe: a chunk that runs past the sequence and past
+/// the value width, fewer vectors than units and more.
+#[test]
+fn vector_helpers_load_merge_and_read() {
+    let mut state = fresh_seed() | 1;
+    let mut rand = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    };
+    // (seq, width, t0, c0, chunk, cols, len)
+    for (seq, width, t0, c0, chunk, cols, len) in [
+        (50, 24, 40, 12, 16, 16, 256),
+        (300, 40, 256, 8, 64, 32, 2048),
+    ] {
+        for fresh in [false, true] {
+            let x: Vec<f32> = (0..seq * width).map(|_| rand()).collect();
+            let states: Vec<f32> = (0..2 * len).map(|_| rand()).collect();
+            let f = 0.75;
+            let (rows, level) = loglinear::kernels::probe_vector_helpers(
+                &device(),
+                &x,
+                seq,
+                width,
+                (t0, c0),
+                &states,
+                f,
+                fresh,
+                (chunk, cols, len),
+            );
+            for i in 0..chunk {
+                for c in 0..cols {
+                    let (t, col) = (t0 + i, c0 + c);
+                    let want = if t < seq && col < width {
+                        x[t * width + col]
+                    } else {
+                        0.0
+                    };
+                    assert_eq!(rows[i * cols + c], want, "row {i} column {c} (seq {seq})");
+                }
+            }
+            for e in 0..len {
+                let old = if fresh { 0.0 } else { f * states[len + e] };
+                let want = old + rows[e];
+                assert!(
+                    (level[e] - want).abs() <= 1e-6,
+                    "level entry {e}: {} vs {want} (fresh {fresh})",
+                    level[e]
+                );
+            }
+        }
+    }
+}

@@ -358,12 +358,14 @@ pub fn backward(
     let dtypes = [dtype_to_storage_type(dtype), dtype_to_storage_type(g_dtype)];
     let cubes = CubeCount::Static((bs * h) as u32, tiles as u32, 1);
     // The two kernel pairs take the same arguments.
+    // The tensor-core pair takes one more argument: the vector size of its input loads.
     macro_rules! launch_pair {
-        ($causal:ident, $anticausal:ident) => {{
+        ($causal:ident, $anticausal:ident $(, $vector:expr)?) => {{
             $causal::launch(
                 &client,
                 cubes.clone(),
                 CubeDim::new_1d(THREADS as u32),
+                $($vector,)?
                 q.clone().into_tensor_arg(),
                 k.clone().into_tensor_arg(),
                 v.clone().into_tensor_arg(),
@@ -388,6 +390,7 @@ pub fn backward(
                 &client,
                 cubes,
                 CubeDim::new_1d(THREADS as u32),
+                $($vector,)?
                 q.into_tensor_arg(),
                 k.into_tensor_arg(),
                 v.into_tensor_arg(),
@@ -411,7 +414,12 @@ pub fn backward(
         }};
     }
     if tensor_cores.is_some() {
-        launch_pair!(causal_backward_tc_kernel, anticausal_backward_tc_kernel);
+        let vector = vector_size(&[&q, &k, &v, &d_o]);
+        launch_pair!(
+            causal_backward_tc_kernel,
+            anticausal_backward_tc_kernel,
+            vector
+        );
     } else {
         launch_pair!(causal_backward_kernel, anticausal_backward_kernel);
     }
@@ -554,15 +562,18 @@ fn causal_tensor_core(
     };
     let out = alloc(vec![bs, t, h, width]);
     let states = alloc(vec![tiles * bs * h * nlev.max(1) * nk * plan.pt]);
+    let [q, k, v, g, lambda] = [q, k, v, g, lambda].map(into_contiguous);
+    let vector = vector_size(&[&q, &k, &v]);
     causal_tc_kernel::launch(
         &client,
         CubeCount::Static((bs * h) as u32, tiles as u32, 1),
         CubeDim::new_1d(THREADS as u32),
-        into_contiguous(q).into_tensor_arg(),
-        into_contiguous(k).into_tensor_arg(),
-        into_contiguous(v).into_tensor_arg(),
-        into_contiguous(g).into_tensor_arg(),
-        into_contiguous(lambda).into_tensor_arg(),
+        vector,
+        q.into_tensor_arg(),
+        k.into_tensor_arg(),
+        v.into_tensor_arg(),
+        g.into_tensor_arg(),
+        lambda.into_tensor_arg(),
         out.clone().into_tensor_arg(),
         states.into_tensor_arg(),
         bs,
@@ -578,4 +589,99 @@ fn causal_tensor_core(
         dtypes,
     );
     out
+}
+
+/// The vector size (elements per load) of the tensor-core kernels' bf16 `inputs` (contiguous,
+/// rows of `nk` or `width` elements): 8 (16 bytes) or less where a row width or a buffer offset
+/// is not a multiple. `LOGLINEAR_TC_VEC=1` forces one element per load (for comparisons).
+fn vector_size(inputs: &[&CubeTensor]) -> usize {
+    if matches!(std::env::var("LOGLINEAR_TC_VEC").as_deref(), Ok("1")) {
+        return 1;
+    }
+    [8, 4, 2]
+        .into_iter()
+        .find(|&n| {
+            inputs.iter().all(|x| {
+                x.meta.shape()[3].is_multiple_of(n)
+                    && x.handle
+                        .offset_start
+                        .unwrap_or(0)
+                        .is_multiple_of((n * x.dtype.size()) as u64)
+            })
+        })
+        .unwrap_or(1)
+}
+
+/// Runs [`vector_helpers_probe_kernel`](super::tensor_core::vector_helpers_probe_kernel) on
+/// `device` and returns `(rows, level)`; `x` is `[1, seq, 1, width]`, `states` `2·len` floats.
+/// (`chunk`, `cols`, `len`) ∈ {(16, 16, 256), (64, 32, 2048)}: the kernel's shapes are compiled in.
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn probe_vector_helpers(
+    device: &CubeDevice,
+    x: &[f32],
+    seq: usize,
+    width: usize,
+    (t0, c0): (usize, usize),
+    states: &[f32],
+    f: f32,
+    fresh: bool,
+    (chunk, cols, len): (usize, usize, usize),
+) -> (Vec<f32>, Vec<f32>) {
+    use super::tensor_core::vector_helpers_probe_kernel;
+    assert_eq!(
+        x.len(),
+        seq * width,
+        "probe_vector_helpers: x is not seq × width"
+    );
+    assert_eq!(
+        states.len(),
+        2 * len,
+        "probe_vector_helpers: states is not 2·len"
+    );
+    let client = device.client();
+    let upload = |v: &[f32]| {
+        let bytes: Vec<u8> = v.iter().flat_map(|e| e.to_le_bytes()).collect();
+        client.create_from_slice(&bytes)
+    };
+    let arg = |handle: &cubecl::server::Handle, shape: Vec<usize>| {
+        let strides: Vec<usize> = (0..shape.len())
+            .map(|i| shape[i + 1..].iter().product())
+            .collect();
+        // SAFETY: shapes and strides describe the whole contiguous buffer just created.
+        unsafe { TensorArg::from_raw_parts(handle.clone(), strides.into(), shape.into()) }
+    };
+    let x_h = upload(x);
+    let s_h = upload(states);
+    let rows_h = upload(&vec![f32::NAN; chunk * cols]);
+    let level_h = upload(&vec![f32::NAN; len]);
+    vector_helpers_probe_kernel::launch(
+        &client,
+        CubeCount::Static(1, 1, 1),
+        CubeDim::new_1d(THREADS as u32),
+        4,
+        arg(&x_h, vec![1, seq, 1, width]),
+        arg(&s_h, vec![2 * len]),
+        arg(&rows_h, vec![chunk * cols]),
+        arg(&level_h, vec![len]),
+        seq,
+        width,
+        t0,
+        c0,
+        f,
+        u32::from(fresh),
+        chunk,
+        cols,
+        len,
+    );
+    let read = |h: cubecl::server::Handle| -> Vec<f32> {
+        let bytes = client
+            .read_one(h)
+            .expect("probe_vector_helpers: reading back");
+        bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    };
+    (read(rows_h), read(level_h))
 }

@@ -352,3 +352,26 @@ fn max_shared_memory(like: &Tensor<4>) -> usize {
         _ => 0,
     }
 }
+
+/// [`launch::probe_vector_helpers`] on a CubeCL `device` (a test probe; panics elsewhere).
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn probe_vector_helpers(
+    device: &Device,
+    x: &[f32],
+    seq: usize,
+    width: usize,
+    start: (usize, usize),
+    states: &[f32],
+    f: f32,
+    fresh: bool,
+    shape: (usize, usize, usize),
+) -> (Vec<f32>, Vec<f32>) {
+    match device.clone().inner().as_dispatch() {
+        DispatchDevice::Cube(cube) => {
+            launch::probe_vector_helpers(cube, x, seq, width, start, states, f, fresh, shape)
+        }
+        #[allow(unreachable_patterns)]
+        _ => panic!("probe_vector_helpers: {device:?} has no CubeCL kernels"),
+    }
+}

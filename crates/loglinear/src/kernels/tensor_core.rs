@@ -42,14 +42,14 @@ pub const ALIGN: usize = 128;
 /// `states`: `tiles·B·H·nlev·nk·pt` f32 scratch. Grid `(B·H, tiles)`, [`THREADS`] units.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
-pub fn causal_tc_kernel<E: Float, G: Float>(
-    q: &Tensor<E>,
-    k: &Tensor<E>,
-    v: &Tensor<E>,
+pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
+    q: &Tensor<Vector<E, N>>,
+    k: &Tensor<Vector<E, N>>,
+    v: &Tensor<Vector<E, N>>,
     g: &Tensor<G>,
     lambda: &Tensor<G>,
     out: &mut Tensor<f32>,
-    states: &mut Tensor<f32>,
+    states: &mut Tensor<Vector<f32, StateVec>>,
     batch: usize,
     seq: usize,
     heads: usize,
@@ -75,8 +75,9 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
     let rbase = u / pt;
     let rstep = comptime!(THREADS / pt);
     let rows_out = comptime!(chunk / (THREADS / pt));
+    // The level states are read and written four floats at a time: offsets count vectors.
     let level_size = comptime!(nk * pt);
-    let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt);
+    let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt / 4);
 
     let mut qb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * nk), ALIGN);
     let mut kb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * nk), ALIGN);
@@ -102,9 +103,9 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
     for j in 0..n_chunks {
         let t0 = j * chunk;
         // (1) Load q, k (row-major) and the value tile in the input dtype; zero past the end.
-        load_rows::<E>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
-        load_rows::<E>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
-        load_rows::<E>(v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt);
+        load_rows::<E, N>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
+        load_rows::<E, N>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
+        load_rows::<E, N>(v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt);
         load_decays::<G>(
             g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
             chunk, levels,
@@ -161,12 +162,9 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
                 read = j > 0;
             }
             if read {
-                let base = state_base + lvi * level_size;
-                idx = u;
-                while idx < comptime!(nk * pt) {
-                    hb[idx] = E::cast_from(states[base + idx]);
-                    idx += THREADS;
-                }
+                let base = state_base + lvi * comptime!(level_size / 4);
+                // (`sb`, free by now, stands in for the low part that is not split off here.)
+                read_level::<E>(states, &mut hb, &mut sb, base, u, level_size, false);
                 sync_cube();
                 tile_matmul::<E>(
                     &qb, &qb, &hb, &hb, &mut stage, plane, chunk, nk, pt, false, nk, false, pt,
@@ -223,50 +221,6 @@ pub fn causal_tc_kernel<E: Float, G: Float>(
             }),
         );
         sync_cube();
-    }
-}
-
-/// Merges a chunk's key state (`stage[nk × pt]`, f32) into every causal level state whose period
-/// has chunk `j` in its first half — `U = (fresh ? 0 : scale · e^{γ_last} U) + stage`, fresh at a
-/// period's first chunk — or, with `single` (Mamba-2), into the one state every chunk.
-// `%` rather than `is_multiple_of`, which kernel code cannot expand.
-#[allow(clippy::too_many_arguments, clippy::manual_is_multiple_of)]
-#[cube]
-pub fn merge_key_state(
-    states: &mut Tensor<f32>,
-    stage: &Shared<[f32]>,
-    scale: &Shared<[f32]>,
-    eg: &Shared<[f32]>,
-    u: usize,
-    j: usize,
-    state_base: usize,
-    #[comptime] chunk: usize,
-    #[comptime] nk: usize,
-    #[comptime] pt: usize,
-    #[comptime] nlev: usize,
-    #[comptime] single: bool,
-) {
-    let chunk_decay = eg[comptime!(chunk - 1)];
-    for lvi in 0..nlev {
-        let mut write = (j >> lvi) & 1 == 0;
-        let mut fresh = j % (2usize << lvi) == 0;
-        if single {
-            write = true;
-            fresh = j == 0;
-        }
-        if write {
-            let base = state_base + lvi * comptime!(nk * pt);
-            let f = scale[lvi] * chunk_decay;
-            let mut idx = u;
-            while idx < comptime!(nk * pt) {
-                let mut old = 0.0f32;
-                if !fresh {
-                    old = states[base + idx] * f;
-                }
-                states[base + idx] = old + stage[idx];
-                idx += THREADS;
-            }
-        }
     }
 }
 
@@ -441,12 +395,20 @@ pub fn tc_shared_bytes(chunk: usize, nk: usize, pt: usize, levels: usize, elem: 
     inputs + 4 * floats + 7 * ALIGN
 }
 
+/// f32 elements per access of the level states: 16 bytes.
+pub type StateVec = Const<4>;
+
 /// `buf[i·cols + c] = x[b, t0 + i, h, c0 + c]` for a chunk of rows, in the input dtype (zero
-/// past the end of the sequence or of the `width` columns). The caller's next barrier publishes it.
+/// past the end of the sequence or of the `width` columns), read `N` elements at a time (the
+/// launch's vector size: 16 bytes where the row widths and buffer offsets allow) with every load
+/// of a unit issued before its first store — one element per loop trip, each waited for, left
+/// the kernels waiting on global memory for about half their cycles (Nsight Compute on the H200,
+/// bench/RESULTS.md). `cols`, `width` and `c0` are multiples of `N`. The caller's next barrier
+/// publishes the buffer.
 #[allow(clippy::too_many_arguments)]
 #[cube]
-pub fn load_rows<E: Float>(
-    x: &Tensor<E>,
+pub fn load_rows<E: Float, N: Size>(
+    x: &Tensor<Vector<E, N>>,
     buf: &mut Shared<[E]>,
     u: usize,
     t0: usize,
@@ -459,15 +421,206 @@ pub fn load_rows<E: Float>(
     #[comptime] chunk: usize,
     #[comptime] cols: usize,
 ) {
+    let n = x.vector_size();
+    let per_row = comptime!(cols / n);
+    let total = comptime!(chunk * cols / n);
+    let trips = comptime!(total.div_ceil(THREADS));
+    let mut held = Array::<Vector<E, N>>::new(trips);
+    #[unroll]
+    for r in 0..trips {
+        let idx = u + r * THREADS;
+        let t = t0 + idx / per_row;
+        let c = c0 + (idx % per_row) * n;
+        let mut val = Vector::<E, N>::zeroed();
+        if idx < total && t < seq && c < width {
+            val = x[(row(bi, t, h, seq, heads, width) + c) / n];
+        }
+        held[r] = val;
+    }
+    #[unroll]
+    for r in 0..trips {
+        let idx = u + r * THREADS;
+        if idx < total {
+            let val = held[r];
+            #[unroll]
+            for e in 0..n {
+                buf[idx * n + e] = val.extract(e);
+            }
+        }
+    }
+}
+
+/// Merges a chunk's key state (`stage[nk × pt]`, f32) into every causal level state whose period
+/// has chunk `j` in its first half — `U = (fresh ? 0 : scale · e^{γ_last} U) + stage`, fresh at a
+/// period's first chunk — or, with `single` (Mamba-2), into the one state every chunk.
+/// `states` and `state_base` count [`StateVec`] vectors.
+// `%` rather than `is_multiple_of`, which kernel code cannot expand.
+#[allow(clippy::too_many_arguments, clippy::manual_is_multiple_of)]
+#[cube]
+pub fn merge_key_state(
+    states: &mut Tensor<Vector<f32, StateVec>>,
+    stage: &Shared<[f32]>,
+    scale: &Shared<[f32]>,
+    eg: &Shared<[f32]>,
+    u: usize,
+    j: usize,
+    state_base: usize,
+    #[comptime] chunk: usize,
+    #[comptime] nk: usize,
+    #[comptime] pt: usize,
+    #[comptime] nlev: usize,
+    #[comptime] single: bool,
+) {
+    let chunk_decay = eg[comptime!(chunk - 1)];
+    for lvi in 0..nlev {
+        let mut write = (j >> lvi) & 1 == 0;
+        let mut fresh = j % (2usize << lvi) == 0;
+        if single {
+            write = true;
+            fresh = j == 0;
+        }
+        if write {
+            let base = state_base + lvi * comptime!(nk * pt / 4);
+            merge_level(
+                states,
+                stage,
+                base,
+                scale[lvi] * chunk_decay,
+                fresh,
+                u,
+                comptime!(nk * pt),
+            );
+        }
+    }
+}
+
+/// One level state of `len` floats at vector `base` of `states` becomes
+/// `(fresh ? 0 : f U) + stage[0..len]`: four floats per access, every load of a unit issued
+/// before its first store.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+pub fn merge_level(
+    states: &mut Tensor<Vector<f32, StateVec>>,
+    stage: &Shared<[f32]>,
+    base: usize,
+    f: f32,
+    fresh: bool,
+    u: usize,
+    #[comptime] len: usize,
+) {
+    let total = comptime!(len / 4);
+    let trips = comptime!(total.div_ceil(THREADS));
+    let mut held = Array::<Vector<f32, StateVec>>::new(trips);
+    #[unroll]
+    for r in 0..trips {
+        let idx = u + r * THREADS;
+        let mut old = Vector::<f32, StateVec>::zeroed();
+        if idx < total && !fresh {
+            old = states[base + idx];
+        }
+        held[r] = old;
+    }
+    #[unroll]
+    for r in 0..trips {
+        let idx = u + r * THREADS;
+        if idx < total {
+            let old = held[r];
+            let mut x = Vector::<f32, StateVec>::zeroed();
+            #[unroll]
+            for e in 0..4 {
+                x.insert(e, old.extract(e) * f + stage[idx * 4 + e]);
+            }
+            states[base + idx] = x;
+        }
+    }
+}
+
+/// A level state of `len` floats at vector `base` of `states` into shared memory in the input
+/// dtype: `hi = E(x)` and, with `split`, `lo = E(x − hi)` (≈ 16 mantissa bits together). Four
+/// floats per access, every load of a unit issued before its first store.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+pub fn read_level<E: Float>(
+    states: &mut Tensor<Vector<f32, StateVec>>,
+    hi: &mut Shared<[E]>,
+    lo: &mut Shared<[E]>,
+    base: usize,
+    u: usize,
+    #[comptime] len: usize,
+    #[comptime] split: bool,
+) {
+    let total = comptime!(len / 4);
+    let trips = comptime!(total.div_ceil(THREADS));
+    let mut held = Array::<Vector<f32, StateVec>>::new(trips);
+    #[unroll]
+    for r in 0..trips {
+        let idx = u + r * THREADS;
+        let mut x = Vector::<f32, StateVec>::zeroed();
+        if idx < total {
+            x = states[base + idx];
+        }
+        held[r] = x;
+    }
+    #[unroll]
+    for r in 0..trips {
+        let idx = u + r * THREADS;
+        if idx < total {
+            let x = held[r];
+            #[unroll]
+            for e in 0..4 {
+                let xe = x.extract(e);
+                let h = E::cast_from(xe);
+                hi[idx * 4 + e] = h;
+                if split {
+                    lo[idx * 4 + e] = E::cast_from(xe - f32::cast_from(h));
+                }
+            }
+        }
+    }
+}
+
+/// Test probe of the vector-access helpers ([`load_rows`] with vectors, [`merge_level`],
+/// [`read_level`]) in one cube: the tensor-core kernels that use them need `cmma`, which
+/// software Vulkan lacks, so the probe lets CPU-only CI run the same helper code on f32.
+/// `rows = chunk × cols` of `x: [1, seq, 1, width]` from (`t0`, `c0`); the level at
+/// `states[len..2·len]` merged with the first `len` loaded values (factor `f`, `fresh` ≠ 0
+/// starts it afresh); `level` = that level read back as `hi + lo`.
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+pub fn vector_helpers_probe_kernel<N: Size>(
+    x: &Tensor<Vector<f32, N>>,
+    states: &mut Tensor<Vector<f32, StateVec>>,
+    rows: &mut Tensor<f32>,
+    level: &mut Tensor<f32>,
+    seq: usize,
+    width: usize,
+    t0: usize,
+    c0: usize,
+    f: f32,
+    fresh: u32,
+    #[comptime] chunk: usize,
+    #[comptime] cols: usize,
+    #[comptime] len: usize,
+) {
+    let u = UNIT_POS_X as usize;
+    let mut buf = Shared::<[f32]>::new_aligned_slice(comptime!(chunk * cols), ALIGN);
+    load_rows::<f32, N>(x, &mut buf, u, t0, c0, 0, 0, seq, 1, width, chunk, cols);
+    sync_cube();
     let mut idx = u;
     while idx < comptime!(chunk * cols) {
-        let t = t0 + idx / cols;
-        let c = c0 + idx % cols;
-        let mut val = E::cast_from(0.0f32);
-        if t < seq && c < width {
-            val = x[row(bi, t, h, seq, heads, width) + c];
-        }
-        buf[idx] = val;
+        rows[idx] = buf[idx];
+        idx += THREADS;
+    }
+    merge_level(states, &buf, comptime!(len / 4), f, fresh != 0, u, len);
+    sync_storage();
+    let mut hi = Shared::<[f32]>::new_aligned_slice(len, ALIGN);
+    let mut lo = Shared::<[f32]>::new_aligned_slice(len, ALIGN);
+    read_level::<f32>(states, &mut hi, &mut lo, comptime!(len / 4), u, len, true);
+    sync_cube();
+    idx = u;
+    while idx < len {
+        level[idx] = hi[idx] + lo[idx];
         idx += THREADS;
     }
 }

@@ -20,7 +20,8 @@ use super::cube::{
     REWRITES_CLEAR_BITS, REWRITES_SET_BITS, THREADS, advance_scales, bitlen, load_decays, row,
 };
 use super::tensor_core::{
-    ALIGN, EXACT, FULL, LOWER, SPLIT_A, SPLIT_B, UPPER, load_rows, merge_key_state, tile_matmul,
+    ALIGN, EXACT, FULL, LOWER, PLANES, SPLIT_A, SPLIT_B, StateVec, UPPER, load_rows,
+    merge_key_state, merge_level, read_level, tile_matmul,
 };
 
 /// f32 elements of the backward kernels' staging buffer: the largest product (`C × C`,
@@ -70,16 +71,16 @@ pub fn tc_backward_shared_bytes(
 /// key-major (`[nk][pt]`, as the forward's).
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
-pub fn causal_backward_tc_kernel<E: Float, G: Float>(
-    q: &Tensor<E>,
-    k: &Tensor<E>,
-    v: &Tensor<E>,
-    d_o: &Tensor<E>,
+pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
+    q: &Tensor<Vector<E, N>>,
+    k: &Tensor<Vector<E, N>>,
+    v: &Tensor<Vector<E, N>>,
+    d_o: &Tensor<Vector<E, N>>,
     g: &Tensor<G>,
     lambda: &Tensor<G>,
     dq: &mut Tensor<f32>,
     dl: &mut Tensor<f32>,
-    states: &mut Tensor<f32>,
+    states: &mut Tensor<Vector<f32, StateVec>>,
     batch: usize,
     seq: usize,
     heads: usize,
@@ -101,7 +102,8 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float>(
     let log_c = comptime!(chunk.trailing_zeros() as usize);
     let rows_q = comptime!(chunk * nk / THREADS);
     let level_size = comptime!(nk * pt);
-    let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt);
+    // The level states are read and written four floats at a time: offsets count vectors.
+    let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt / 4);
     let stage_size = comptime!(stage_len_backward(chunk, nk, pt));
 
     let mut qb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * nk), ALIGN);
@@ -132,10 +134,10 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float>(
 
     for j in 0..n_chunks {
         let t0 = j * chunk;
-        load_rows::<E>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
-        load_rows::<E>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
-        load_rows::<E>(v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt);
-        load_rows::<E>(d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt);
+        load_rows::<E, N>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
+        load_rows::<E, N>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
+        load_rows::<E, N>(v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt);
+        load_rows::<E, N>(d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt);
         load_decays::<G>(
             g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
             chunk, levels,
@@ -193,20 +195,34 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float>(
             idx += THREADS;
         }
         sync_cube();
-        // dλ of the in-chunk levels: level-segmented row sums (one owner unit per row).
-        let dl_t = t0 + u;
-        let dl_row = (((tile * batch + bi) * seq + dl_t) * heads + h) * levels;
-        if u < chunk && dl_t < seq {
-            for lvl in 0..levels {
-                let mut sum = 0.0f32;
-                if lvl <= log_c {
-                    for jj in 0..chunk {
-                        if jj <= u && bitlen(u ^ jj) == lvl {
-                            sum += sd[u * chunk + jj];
-                        }
+        // dλ of the in-chunk levels: level-segmented row sums, one plane per row at a time
+        // (lanes over columns, so the reads of a plane hit distinct banks) and a plane sum per
+        // level; the levels above the chunk's are zero unless a level read below sets them.
+        let lane = u % 32;
+        #[unroll]
+        for rr in 0..comptime!(chunk / PLANES) {
+            let i = plane + rr * PLANES;
+            let t = t0 + i;
+            let dl_row = (((tile * batch + bi) * seq + t) * heads + h) * levels;
+            #[unroll]
+            for lvl in 0..comptime!(log_c + 1) {
+                let mut part = 0.0f32;
+                #[unroll]
+                for e in 0..comptime!(chunk / 32) {
+                    let jj = lane + e * 32;
+                    if jj <= i && bitlen(i ^ jj) == lvl {
+                        part += sd[i * chunk + jj];
                     }
                 }
-                dl[dl_row + lvl] = sum;
+                let sum = plane_sum(part);
+                if lane == 0 && t < seq && lvl < levels {
+                    dl[dl_row + lvl] = sum;
+                }
+            }
+            if lane == 0 && t < seq {
+                for lvl in comptime!(log_c + 1)..levels {
+                    dl[dl_row + lvl] = 0.0f32;
+                }
             }
         }
         // dq in-chunk: sc K.
@@ -226,15 +242,8 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float>(
         for lvi in 0..nlev {
             let token_level = log_c + lvi + 1;
             if (j >> lvi) & 1 == 1 && token_level < levels {
-                let base = state_base + lvi * level_size;
-                idx = u;
-                while idx < comptime!(nk * pt) {
-                    let x = states[base + idx];
-                    let hi = E::cast_from(x);
-                    hb[idx] = hi;
-                    hb_lo[idx] = E::cast_from(x - f32::cast_from(hi));
-                    idx += THREADS;
-                }
+                let base = state_base + lvi * comptime!(level_size / 4);
+                read_level::<E>(states, &mut hb, &mut hb_lo, base, u, level_size, true);
                 sync_cube();
                 // Hᵀ: the key-major state read column-major.
                 tile_matmul::<E>(
@@ -248,12 +257,24 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float>(
                     let i = (u + r * THREADS) / nk;
                     acc[r] += stage[u + r * THREADS] * f * eg[i] * lam[i * levels + token_level];
                 }
-                if u < chunk && dl_t < seq {
-                    let mut s = 0.0f32;
-                    for n in 0..nk {
-                        s += f32::cast_from(qb[u * nk + n]) * stage[u * nk + n];
+                // dλ = e f q·X: one plane per row, lanes over keys, a plane sum.
+                #[unroll]
+                for rr in 0..comptime!(chunk / PLANES) {
+                    let i = plane + rr * PLANES;
+                    let t = t0 + i;
+                    let mut part = 0.0f32;
+                    #[unroll]
+                    for m in 0..comptime!(nk.div_ceil(32)) {
+                        let n = lane + m * 32;
+                        if n < nk {
+                            part += f32::cast_from(qb[i * nk + n]) * stage[i * nk + n];
+                        }
                     }
-                    dl[dl_row + token_level] = s * f * eg[u];
+                    let sum = plane_sum(part);
+                    if lane == 0 && t < seq {
+                        let dl_row = (((tile * batch + bi) * seq + t) * heads + h) * levels;
+                        dl[dl_row + token_level] = sum * f * eg[i];
+                    }
                 }
                 sync_cube();
             }
@@ -297,16 +318,16 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float>(
 /// tile), as [`anticausal_backward_kernel`](super::backward::anticausal_backward_kernel).
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
-pub fn anticausal_backward_tc_kernel<E: Float, G: Float>(
-    q: &Tensor<E>,
-    k: &Tensor<E>,
-    v: &Tensor<E>,
-    d_o: &Tensor<E>,
+pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
+    q: &Tensor<Vector<E, N>>,
+    k: &Tensor<Vector<E, N>>,
+    v: &Tensor<Vector<E, N>>,
+    d_o: &Tensor<Vector<E, N>>,
     g: &Tensor<G>,
     lambda: &Tensor<G>,
     dk: &mut Tensor<f32>,
     dv: &mut Tensor<f32>,
-    states: &mut Tensor<f32>,
+    states: &mut Tensor<Vector<f32, StateVec>>,
     batch: usize,
     seq: usize,
     heads: usize,
@@ -329,7 +350,8 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float>(
     let rows_k = comptime!(chunk * nk / THREADS);
     let rows_v = comptime!(chunk * pt / THREADS);
     let level_size = comptime!(nk * pt);
-    let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt);
+    // The level states are read and written four floats at a time: offsets count vectors.
+    let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt / 4);
     let stage_size = comptime!(stage_len_backward(chunk, nk, pt));
     let square = comptime!(chunk * if chunk > pt { chunk } else { pt });
 
@@ -359,8 +381,8 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float>(
     }
     // A period whose later half lies past the end is read before anything was added to it.
     let mut idx = u;
-    while idx < comptime!(nlev * nk * pt) {
-        states[state_base + idx] = 0.0f32;
+    while idx < comptime!(nlev * nk * pt / 4) {
+        states[state_base + idx] = Vector::<f32, StateVec>::zeroed();
         idx += THREADS;
     }
     sync_storage();
@@ -369,10 +391,10 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float>(
     for step in 0..n_chunks {
         let j = n_chunks - 1 - step;
         let t0 = j * chunk;
-        load_rows::<E>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
-        load_rows::<E>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
-        load_rows::<E>(v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt);
-        load_rows::<E>(d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt);
+        load_rows::<E, N>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
+        load_rows::<E, N>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
+        load_rows::<E, N>(v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt);
+        load_rows::<E, N>(d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt);
         load_decays::<G>(
             g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
             chunk, levels,
@@ -457,15 +479,8 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float>(
         for lvi in 0..nlev {
             let token_level = log_c + lvi + 1;
             if (j >> lvi) & 1 == 0 && token_level < levels {
-                let base = state_base + lvi * level_size;
-                idx = u;
-                while idx < comptime!(nk * pt) {
-                    let x = states[base + idx];
-                    let hi = E::cast_from(x);
-                    gb[idx] = hi;
-                    gb_lo[idx] = E::cast_from(x - f32::cast_from(hi));
-                    idx += THREADS;
-                }
+                let base = state_base + lvi * comptime!(level_size / 4);
+                read_level::<E>(states, &mut gb, &mut gb_lo, base, u, level_size, true);
                 sync_cube();
                 let f = scale[lvi];
                 tile_matmul::<E>(
@@ -531,19 +546,11 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float>(
                     FULL, FULL, SPLIT_B, stage_size,
                 );
                 sync_cube();
-                let base = state_base + lvi * level_size;
+                let base = state_base + lvi * comptime!(level_size / 4);
                 let period = 2usize << lvi;
                 let fresh = j % period == period - 1;
                 let f = scale[lvi] * chunk_decay;
-                idx = u;
-                while idx < comptime!(nk * pt) {
-                    let mut old = 0.0f32;
-                    if !fresh {
-                        old = states[base + idx] * f;
-                    }
-                    states[base + idx] = old + stage[idx];
-                    idx += THREADS;
-                }
+                merge_level(states, &stage, base, f, fresh, u, level_size);
                 sync_cube();
             }
         }
