@@ -79,12 +79,23 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
     let level_size = comptime!(nk * pt);
     let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt / 4);
 
-    let mut qb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * nk), ALIGN);
-    let mut kb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * nk), ALIGN);
-    let mut vb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * pt), ALIGN);
-    let mut vt = Shared::<[E]>::new_aligned_slice(comptime!(chunk * pt), ALIGN);
-    let mut sb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * chunk), ALIGN);
-    let mut hb = Shared::<[E]>::new_aligned_slice(comptime!(nk * pt), ALIGN);
+    // Rows of every shared tile are padded (8 bf16, 4 f32) so that the 16 rows of a tile fall
+    // on different banks: with rows of 128 bf16 or 64 f32 (256 bytes) every row of a tile
+    // started on the same bank, and the shared-memory pipe was the kernel's busiest unit.
+    let ldk = comptime!(padded_input(nk));
+    let ldv = comptime!(padded_input(pt));
+    let ldw = comptime!(padded_input(chunk));
+    let lss = comptime!(padded_f32(chunk));
+    let lso = comptime!(padded_f32(pt));
+    let mut qb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldk), ALIGN);
+    let mut kb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldk), ALIGN);
+    let mut vb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldv), ALIGN);
+    // One buffer, three uses in turn: the in-chunk weights S̃ (`C × C`), each level state read
+    // (`nk × pt`), the key-decayed values kd ⊙ V (`C × pt`).
+    let mut scratch =
+        Shared::<[E]>::new_aligned_slice(comptime!(tc_scratch_len(chunk, nk, pt)), ALIGN);
+    // The low half of a split operand, never written here (`read_level` without `split`).
+    let mut unused = Shared::<[E]>::new_slice(1usize);
     // Staging of every product's f32 result: scores, S̃V, QH, the key state.
     let stage_size = comptime!(stage_len(chunk, nk, pt));
     let mut stage = Shared::<[f32]>::new_aligned_slice(stage_size, ALIGN);
@@ -103,28 +114,24 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
     for j in 0..n_chunks {
         let t0 = j * chunk;
         // (1) Load q, k (row-major) and the value tile in the input dtype; zero past the end.
-        load_rows::<E, N>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
-        load_rows::<E, N>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
-        load_rows::<E, N>(v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt);
+        load_rows::<E, N>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk);
+        load_rows::<E, N>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk);
+        load_rows::<E, N>(
+            v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv,
+        );
         load_decays::<G>(
             g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
             chunk, levels,
         );
-        // Key-decayed values kd ⊙ V for this chunk's key state.
-        let mut idx = u;
-        while idx < comptime!(chunk * pt) {
-            vt[idx] = E::cast_from(f32::cast_from(vb[idx]) * kd[idx / pt]);
-            idx += THREADS;
-        }
 
         // (2) Scores Q Kᵀ, lower-triangular tiles (Kᵀ is K read column-major).
         tile_matmul::<E>(
-            &qb, &qb, &kb, &kb, &mut stage, plane, chunk, nk, chunk, false, nk, true, nk, FULL,
-            LOWER, EXACT, stage_size,
+            &qb, &qb, &kb, &kb, &mut stage, plane, chunk, nk, chunk, false, ldk, true, ldk, FULL,
+            LOWER, EXACT, stage_size, lss,
         );
         sync_cube();
         // Weights: e^{γi−γj} λ[i, ℓ(i,j)] below the diagonal, zero above.
-        idx = u;
+        let mut idx = u;
         while idx < comptime!(chunk * chunk) {
             let i = idx / chunk;
             let jj = idx % chunk;
@@ -132,26 +139,26 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
             if jj <= i {
                 let lvl = bitlen(i ^ jj);
                 if single {
-                    s = stage[idx] * (gam[i] - gam[jj]).exp();
+                    s = stage[i * lss + jj] * (gam[i] - gam[jj]).exp();
                 } else if lvl < levels {
-                    s = stage[idx] * (gam[i] - gam[jj]).exp() * lam[i * levels + lvl];
+                    s = stage[i * lss + jj] * (gam[i] - gam[jj]).exp() * lam[i * levels + lvl];
                 }
             }
-            sb[idx] = E::cast_from(s);
+            scratch[i * ldw + jj] = E::cast_from(s);
             idx += THREADS;
         }
         sync_cube();
 
         // (3) In-chunk output S̃ V.
         tile_matmul::<E>(
-            &sb, &sb, &vb, &vb, &mut stage, plane, chunk, chunk, pt, false, chunk, false, pt,
-            LOWER, FULL, EXACT, stage_size,
+            &scratch, &scratch, &vb, &vb, &mut stage, plane, chunk, chunk, pt, false, ldw, false,
+            ldv, LOWER, FULL, EXACT, stage_size, lso,
         );
         sync_cube();
         let mut acc = Array::<f32>::new(rows_out);
         #[unroll]
         for r in 0..rows_out {
-            acc[r] = stage[(rbase + r * rstep) * pt + pc];
+            acc[r] = stage[(rbase + r * rstep) * lso + pc];
         }
         sync_cube();
         // (4) Earlier chunks: chunk level i is read when bit i−1 of j is set.
@@ -163,12 +170,21 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
             }
             if read {
                 let base = state_base + lvi * comptime!(level_size / 4);
-                // (`sb`, free by now, stands in for the low part that is not split off here.)
-                read_level::<E>(states, &mut hb, &mut sb, base, u, level_size, false);
+                read_level::<E>(
+                    states,
+                    &mut scratch,
+                    &mut unused,
+                    base,
+                    u,
+                    nk,
+                    pt,
+                    ldv,
+                    false,
+                );
                 sync_cube();
                 tile_matmul::<E>(
-                    &qb, &qb, &hb, &hb, &mut stage, plane, chunk, nk, pt, false, nk, false, pt,
-                    FULL, FULL, EXACT, stage_size,
+                    &qb, &qb, &scratch, &scratch, &mut stage, plane, chunk, nk, pt, false, ldk,
+                    false, ldv, FULL, FULL, EXACT, stage_size, lso,
                 );
                 sync_cube();
                 let f = scale[lvi];
@@ -179,7 +195,7 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
                     if !single {
                         w *= lam[i * levels + token_level];
                     }
-                    acc[r] += stage[i * pt + pc] * w;
+                    acc[r] += stage[i * lso + pc] * w;
                 }
                 sync_cube();
             }
@@ -195,14 +211,24 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
         // (5) This chunk's key state Kᵀ (kd ⊙ V) joins every level whose period has chunk j in
         // its first half; the first chunk of a period starts it afresh.
         if nlev > 0 {
+            // Key-decayed values kd ⊙ V (the scratch buffer is free: every read of it ended
+            // before the last barrier).
+            idx = u;
+            while idx < comptime!(chunk * pt) {
+                let i = idx / pt;
+                let c = idx % pt;
+                scratch[i * ldv + c] = E::cast_from(f32::cast_from(vb[i * ldv + c]) * kd[i]);
+                idx += THREADS;
+            }
+            sync_cube();
             // Kᵀ (kd ⊙ V): Kᵀ is K read column-major.
             tile_matmul::<E>(
-                &kb, &kb, &vt, &vt, &mut stage, plane, nk, chunk, pt, true, nk, false, pt, FULL,
-                FULL, EXACT, stage_size,
+                &kb, &kb, &scratch, &scratch, &mut stage, plane, nk, chunk, pt, true, ldk, false,
+                ldv, FULL, FULL, EXACT, stage_size, lso,
             );
             sync_cube();
             merge_key_state(
-                states, &stage, &scale, &eg, u, j, state_base, chunk, nk, pt, nlev, single,
+                states, &stage, &scale, &eg, u, j, state_base, chunk, nk, pt, lso, nlev, single,
             );
         }
         sync_storage();
@@ -239,7 +265,7 @@ pub const SPLIT_A: u32 = 1;
 /// `B = b + b2`, likewise.
 pub const SPLIT_B: u32 = 2;
 
-/// `stage[rows × cols]` (f32, row-major) `= A · B`, one 16×16 output tile per plane at a time.
+/// `stage[rows × cols]` (f32, row-major, rows `ldc` apart) `= A · B`, one 16×16 output tile per plane at a time.
 /// `A` (`rows × inner`) is read from `a` row-major (`a[r·lda + k]`) or, with `a_col`,
 /// column-major (`a[k·lda + r]`, i.e. the transpose of a row-major buffer); `B` (`inner × cols`)
 /// likewise from `b` (`b_col`: `b[c·ldb + k]`). `a_tri` skips the zero tiles of a triangular `A`
@@ -266,6 +292,7 @@ pub fn tile_matmul<E: Float>(
     #[comptime] out_tri: u32,
     #[comptime] split: u32,
     #[comptime] stage_size: usize,
+    #[comptime] ldc: usize,
 ) {
     let col_tiles = comptime!(cols / TILE);
     let inner_tiles = comptime!(inner / TILE);
@@ -364,9 +391,9 @@ pub fn tile_matmul<E: Float>(
                 }
             }
             cmma::store(
-                stage.slice_mut(ti * TILE * cols + tp * TILE, stage_size),
+                stage.slice_mut(ti * TILE * ldc + tp * TILE, stage_size),
                 &acc,
-                cols as u32,
+                ldc as u32,
                 MatrixLayout::RowMajor,
             );
         }
@@ -374,31 +401,59 @@ pub fn tile_matmul<E: Float>(
     }
 }
 
-/// f32 elements of the staging buffer: the largest product result (scores `C × C`, outputs
-/// `C × pt`, key state `nk × pt`).
+/// Shared row length of a tile `cols` wide in the input dtype: 8 more (16 bytes), so that
+/// consecutive rows start 4 banks apart and a tile's 16 rows spread over all banks.
+pub const fn padded_input(cols: usize) -> usize {
+    cols + 8
+}
+
+/// Shared row length of an f32 tile `cols` wide: 4 more (16 bytes), as [`padded_input`].
+pub const fn padded_f32(cols: usize) -> usize {
+    cols + 4
+}
+
+/// f32 elements of the forward's staging buffer: the largest product result (scores `C × C`,
+/// outputs `C × pt`, key state `nk × pt`), rows padded.
 pub const fn stage_len(chunk: usize, nk: usize, pt: usize) -> usize {
-    let mut len = chunk * chunk;
-    if chunk * pt > len {
-        len = chunk * pt;
+    let mut len = chunk * padded_f32(chunk);
+    if chunk * padded_f32(pt) > len {
+        len = chunk * padded_f32(pt);
     }
-    if nk * pt > len {
-        len = nk * pt;
+    if nk * padded_f32(pt) > len {
+        len = nk * padded_f32(pt);
+    }
+    len
+}
+
+/// Input-dtype elements of the forward's scratch buffer (weights `C × C`, a level state
+/// `nk × pt`, kd ⊙ V `C × pt`), rows padded.
+pub const fn tc_scratch_len(chunk: usize, nk: usize, pt: usize) -> usize {
+    let mut len = chunk * padded_input(chunk);
+    if nk * padded_input(pt) > len {
+        len = nk * padded_input(pt);
+    }
+    if chunk * padded_input(pt) > len {
+        len = chunk * padded_input(pt);
     }
     len
 }
 
 /// Shared memory (bytes) of one cube of [`causal_tc_kernel`] with `elem` bytes per input
-/// element, plus the alignment padding of the seven aligned buffers.
+/// element, plus the alignment padding of the five aligned buffers.
 pub fn tc_shared_bytes(chunk: usize, nk: usize, pt: usize, levels: usize, elem: usize) -> usize {
-    let inputs = elem * (2 * chunk * nk + 2 * chunk * pt + chunk * chunk + nk * pt);
+    let inputs = elem
+        * (2 * chunk * padded_input(nk)
+            + chunk * padded_input(pt)
+            + tc_scratch_len(chunk, nk, pt)
+            + 1);
     let floats = stage_len(chunk, nk, pt) + chunk * levels + 4 * chunk + 32;
-    inputs + 4 * floats + 7 * ALIGN
+    inputs + 4 * floats + 5 * ALIGN
 }
 
 /// f32 elements per access of the level states: 16 bytes.
 pub type StateVec = Const<4>;
 
-/// `buf[i·cols + c] = x[b, t0 + i, h, c0 + c]` for a chunk of rows, in the input dtype (zero
+/// `buf[i·ld + c] = x[b, t0 + i, h, c0 + c]` (`c < cols`) for a chunk of rows, in the input dtype (zero
 /// past the end of the sequence or of the `width` columns), read `N` elements at a time (the
 /// launch's vector size: 16 bytes where the row widths and buffer offsets allow) with every load
 /// of a unit issued before its first store — one element per loop trip, each waited for, left
@@ -420,6 +475,7 @@ pub fn load_rows<E: Float, N: Size>(
     width: usize,
     #[comptime] chunk: usize,
     #[comptime] cols: usize,
+    #[comptime] ld: usize,
 ) {
     let n = x.vector_size();
     let per_row = comptime!(cols / n);
@@ -442,9 +498,10 @@ pub fn load_rows<E: Float, N: Size>(
         let idx = u + r * THREADS;
         if idx < total {
             let val = held[r];
+            let first = (idx / per_row) * ld + (idx % per_row) * n;
             #[unroll]
             for e in 0..n {
-                buf[idx * n + e] = val.extract(e);
+                buf[first + e] = val.extract(e);
             }
         }
     }
@@ -453,7 +510,7 @@ pub fn load_rows<E: Float, N: Size>(
 /// Merges a chunk's key state (`stage[nk × pt]`, f32) into every causal level state whose period
 /// has chunk `j` in its first half — `U = (fresh ? 0 : scale · e^{γ_last} U) + stage`, fresh at a
 /// period's first chunk — or, with `single` (Mamba-2), into the one state every chunk.
-/// `states` and `state_base` count [`StateVec`] vectors.
+/// `states` and `state_base` count [`StateVec`] vectors; `stage` rows are `ld` apart.
 // `%` rather than `is_multiple_of`, which kernel code cannot expand.
 #[allow(clippy::too_many_arguments, clippy::manual_is_multiple_of)]
 #[cube]
@@ -468,6 +525,7 @@ pub fn merge_key_state(
     #[comptime] chunk: usize,
     #[comptime] nk: usize,
     #[comptime] pt: usize,
+    #[comptime] ld: usize,
     #[comptime] nlev: usize,
     #[comptime] single: bool,
 ) {
@@ -488,15 +546,17 @@ pub fn merge_key_state(
                 scale[lvi] * chunk_decay,
                 fresh,
                 u,
-                comptime!(nk * pt),
+                nk,
+                pt,
+                ld,
             );
         }
     }
 }
 
-/// One level state of `len` floats at vector `base` of `states` becomes
-/// `(fresh ? 0 : f U) + stage[0..len]`: four floats per access, every load of a unit issued
-/// before its first store.
+/// One level state (`rows × cols` floats, row-major, at vector `base` of `states`) becomes
+/// `(fresh ? 0 : f U) + stage` (`stage` rows `ld` apart): four floats per access, every load of
+/// a unit issued before its first store.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 pub fn merge_level(
@@ -506,9 +566,12 @@ pub fn merge_level(
     f: f32,
     fresh: bool,
     u: usize,
-    #[comptime] len: usize,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] ld: usize,
 ) {
-    let total = comptime!(len / 4);
+    let per_row = comptime!(cols / 4);
+    let total = comptime!(rows * cols / 4);
     let trips = comptime!(total.div_ceil(THREADS));
     let mut held = Array::<Vector<f32, StateVec>>::new(trips);
     #[unroll]
@@ -525,19 +588,20 @@ pub fn merge_level(
         let idx = u + r * THREADS;
         if idx < total {
             let old = held[r];
+            let first = (idx / per_row) * ld + (idx % per_row) * 4;
             let mut x = Vector::<f32, StateVec>::zeroed();
             #[unroll]
             for e in 0..4 {
-                x.insert(e, old.extract(e) * f + stage[idx * 4 + e]);
+                x.insert(e, old.extract(e) * f + stage[first + e]);
             }
             states[base + idx] = x;
         }
     }
 }
 
-/// A level state of `len` floats at vector `base` of `states` into shared memory in the input
-/// dtype: `hi = E(x)` and, with `split`, `lo = E(x − hi)` (≈ 16 mantissa bits together). Four
-/// floats per access, every load of a unit issued before its first store.
+/// A level state (`rows × cols` floats at vector `base` of `states`) into shared memory in the
+/// input dtype, rows `ld` apart: `hi = E(x)` and, with `split`, `lo = E(x − hi)` (≈ 16 mantissa
+/// bits together). Four floats per access, every load of a unit issued before its first store.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 pub fn read_level<E: Float>(
@@ -546,10 +610,13 @@ pub fn read_level<E: Float>(
     lo: &mut Shared<[E]>,
     base: usize,
     u: usize,
-    #[comptime] len: usize,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] ld: usize,
     #[comptime] split: bool,
 ) {
-    let total = comptime!(len / 4);
+    let per_row = comptime!(cols / 4);
+    let total = comptime!(rows * cols / 4);
     let trips = comptime!(total.div_ceil(THREADS));
     let mut held = Array::<Vector<f32, StateVec>>::new(trips);
     #[unroll]
@@ -566,13 +633,14 @@ pub fn read_level<E: Float>(
         let idx = u + r * THREADS;
         if idx < total {
             let x = held[r];
+            let first = (idx / per_row) * ld + (idx % per_row) * 4;
             #[unroll]
             for e in 0..4 {
                 let xe = x.extract(e);
                 let h = E::cast_from(xe);
-                hi[idx * 4 + e] = h;
+                hi[first + e] = h;
                 if split {
-                    lo[idx * 4 + e] = E::cast_from(xe - f32::cast_from(h));
+                    lo[first + e] = E::cast_from(xe - f32::cast_from(h));
                 }
             }
         }
@@ -582,8 +650,8 @@ pub fn read_level<E: Float>(
 /// Test probe of the vector-access helpers ([`load_rows`] with vectors, [`merge_level`],
 /// [`read_level`]) in one cube: the tensor-core kernels that use them need `cmma`, which
 /// software Vulkan lacks, so the probe lets CPU-only CI run the same helper code on f32.
-/// `rows = chunk × cols` of `x: [1, seq, 1, width]` from (`t0`, `c0`); the level at
-/// `states[len..2·len]` merged with the first `len` loaded values (factor `f`, `fresh` ≠ 0
+/// `rows = chunk × cols` of `x: [1, seq, 1, width]` from (`t0`, `c0`), loaded with padded rows;
+/// the level at `states[len..2·len]` (`len / cols` rows) merged with the first `len` loaded values (factor `f`, `fresh` ≠ 0
 /// starts it afresh); `level` = that level read back as `hi + lo`.
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
@@ -604,23 +672,47 @@ pub fn vector_helpers_probe_kernel<N: Size>(
     #[comptime] len: usize,
 ) {
     let u = UNIT_POS_X as usize;
-    let mut buf = Shared::<[f32]>::new_aligned_slice(comptime!(chunk * cols), ALIGN);
-    load_rows::<f32, N>(x, &mut buf, u, t0, c0, 0, 0, seq, 1, width, chunk, cols);
+    // Rows padded as in the kernels: the helpers must honour the row stride.
+    let ld = comptime!(padded_input(cols));
+    let rows_level = comptime!(len / cols);
+    let mut buf = Shared::<[f32]>::new_aligned_slice(comptime!(chunk * ld), ALIGN);
+    load_rows::<f32, N>(x, &mut buf, u, t0, c0, 0, 0, seq, 1, width, chunk, cols, ld);
     sync_cube();
     let mut idx = u;
     while idx < comptime!(chunk * cols) {
-        rows[idx] = buf[idx];
+        rows[idx] = buf[(idx / cols) * ld + idx % cols];
         idx += THREADS;
     }
-    merge_level(states, &buf, comptime!(len / 4), f, fresh != 0, u, len);
+    merge_level(
+        states,
+        &buf,
+        comptime!(len / 4),
+        f,
+        fresh != 0,
+        u,
+        rows_level,
+        cols,
+        ld,
+    );
     sync_storage();
-    let mut hi = Shared::<[f32]>::new_aligned_slice(len, ALIGN);
-    let mut lo = Shared::<[f32]>::new_aligned_slice(len, ALIGN);
-    read_level::<f32>(states, &mut hi, &mut lo, comptime!(len / 4), u, len, true);
+    let mut hi = Shared::<[f32]>::new_aligned_slice(comptime!(rows_level * ld), ALIGN);
+    let mut lo = Shared::<[f32]>::new_aligned_slice(comptime!(rows_level * ld), ALIGN);
+    read_level::<f32>(
+        states,
+        &mut hi,
+        &mut lo,
+        comptime!(len / 4),
+        u,
+        rows_level,
+        cols,
+        ld,
+        true,
+    );
     sync_cube();
     idx = u;
     while idx < len {
-        level[idx] = hi[idx] + lo[idx];
+        let at = (idx / cols) * ld + idx % cols;
+        level[idx] = hi[at] + lo[at];
         idx += THREADS;
     }
 }

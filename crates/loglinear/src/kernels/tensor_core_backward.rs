@@ -134,10 +134,14 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
 
     for j in 0..n_chunks {
         let t0 = j * chunk;
-        load_rows::<E, N>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
-        load_rows::<E, N>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
-        load_rows::<E, N>(v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt);
-        load_rows::<E, N>(d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt);
+        load_rows::<E, N>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, nk);
+        load_rows::<E, N>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, nk);
+        load_rows::<E, N>(
+            v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt, pt,
+        );
+        load_rows::<E, N>(
+            d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt, pt,
+        );
         load_decays::<G>(
             g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
             chunk, levels,
@@ -153,7 +157,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         // A = Q Kᵀ (lower tiles); keep e^{γt−γs} A in f32 for dλ.
         tile_matmul::<E>(
             &qb, &qb, &kb, &kb, &mut stage, plane, chunk, nk, chunk, false, nk, true, nk, FULL,
-            LOWER, EXACT, stage_size,
+            LOWER, EXACT, stage_size, chunk,
         );
         sync_cube();
         idx = u;
@@ -171,7 +175,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         // B = dO Vᵀ (lower tiles): sd = e A B (dλ terms), sc = λ e B (dq weights).
         tile_matmul::<E>(
             &ob, &ob, &vb, &vb, &mut stage, plane, chunk, pt, chunk, false, pt, true, pt, FULL,
-            LOWER, EXACT, stage_size,
+            LOWER, EXACT, stage_size, chunk,
         );
         sync_cube();
         idx = u;
@@ -228,7 +232,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         // dq in-chunk: sc K.
         tile_matmul::<E>(
             &sc, &sc_lo, &kb, &kb, &mut stage, plane, chunk, chunk, nk, false, chunk, false, nk,
-            LOWER, FULL, SPLIT_A, stage_size,
+            LOWER, FULL, SPLIT_A, stage_size, nk,
         );
         sync_cube();
         let mut acc = Array::<f32>::new(rows_q);
@@ -243,12 +247,12 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             let token_level = log_c + lvi + 1;
             if (j >> lvi) & 1 == 1 && token_level < levels {
                 let base = state_base + lvi * comptime!(level_size / 4);
-                read_level::<E>(states, &mut hb, &mut hb_lo, base, u, level_size, true);
+                read_level::<E>(states, &mut hb, &mut hb_lo, base, u, nk, pt, pt, true);
                 sync_cube();
                 // Hᵀ: the key-major state read column-major.
                 tile_matmul::<E>(
                     &ob, &ob, &hb, &hb_lo, &mut stage, plane, chunk, pt, nk, false, pt, true, pt,
-                    FULL, FULL, SPLIT_B, stage_size,
+                    FULL, FULL, SPLIT_B, stage_size, nk,
                 );
                 sync_cube();
                 let f = scale[lvi];
@@ -292,11 +296,11 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         if nlev > 0 {
             tile_matmul::<E>(
                 &kb, &kb, &vt, &vt_lo, &mut stage, plane, nk, chunk, pt, true, nk, false, pt, FULL,
-                FULL, SPLIT_B, stage_size,
+                FULL, SPLIT_B, stage_size, pt,
             );
             sync_cube();
             merge_key_state(
-                states, &stage, &scale, &eg, u, j, state_base, chunk, nk, pt, nlev, false,
+                states, &stage, &scale, &eg, u, j, state_base, chunk, nk, pt, pt, nlev, false,
             );
         }
         sync_storage();
@@ -391,10 +395,14 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     for step in 0..n_chunks {
         let j = n_chunks - 1 - step;
         let t0 = j * chunk;
-        load_rows::<E, N>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
-        load_rows::<E, N>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk);
-        load_rows::<E, N>(v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt);
-        load_rows::<E, N>(d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt);
+        load_rows::<E, N>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, nk);
+        load_rows::<E, N>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, nk);
+        load_rows::<E, N>(
+            v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt, pt,
+        );
+        load_rows::<E, N>(
+            d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt, pt,
+        );
         load_decays::<G>(
             g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
             chunk, levels,
@@ -403,7 +411,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         // W = λ[t, ℓ(t,s)] e^{γt−γs}.
         tile_matmul::<E>(
             &kb, &kb, &qb, &qb, &mut stage, plane, chunk, nk, chunk, false, nk, true, nk, FULL,
-            UPPER, EXACT, stage_size,
+            UPPER, EXACT, stage_size, chunk,
         );
         sync_cube();
         idx = u;
@@ -431,7 +439,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         sync_cube();
         tile_matmul::<E>(
             &vb, &vb, &ob, &ob, &mut stage, plane, chunk, pt, chunk, false, pt, true, pt, FULL,
-            UPPER, EXACT, stage_size,
+            UPPER, EXACT, stage_size, chunk,
         );
         sync_cube();
         idx = u;
@@ -454,7 +462,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         // dv = (W ⊙ A) dO, dk = (W ⊙ B) Q (upper-triangular weights).
         tile_matmul::<E>(
             &sa, &sa_lo, &ob, &ob, &mut stage, plane, chunk, chunk, pt, false, chunk, false, pt,
-            UPPER, FULL, SPLIT_A, stage_size,
+            UPPER, FULL, SPLIT_A, stage_size, pt,
         );
         sync_cube();
         let mut acc_v = Array::<f32>::new(rows_v);
@@ -466,7 +474,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         sync_cube();
         tile_matmul::<E>(
             &sb, &sb_lo, &qb, &qb, &mut stage, plane, chunk, chunk, nk, false, chunk, false, nk,
-            UPPER, FULL, SPLIT_A, stage_size,
+            UPPER, FULL, SPLIT_A, stage_size, nk,
         );
         sync_cube();
         let mut acc_k = Array::<f32>::new(rows_k);
@@ -480,12 +488,12 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             let token_level = log_c + lvi + 1;
             if (j >> lvi) & 1 == 0 && token_level < levels {
                 let base = state_base + lvi * comptime!(level_size / 4);
-                read_level::<E>(states, &mut gb, &mut gb_lo, base, u, level_size, true);
+                read_level::<E>(states, &mut gb, &mut gb_lo, base, u, nk, pt, pt, true);
                 sync_cube();
                 let f = scale[lvi];
                 tile_matmul::<E>(
                     &kb, &kb, &gb, &gb_lo, &mut stage, plane, chunk, nk, pt, false, nk, false, pt,
-                    FULL, FULL, SPLIT_B, stage_size,
+                    FULL, FULL, SPLIT_B, stage_size, pt,
                 );
                 sync_cube();
                 #[unroll]
@@ -497,7 +505,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                 // Gᵀ: the key-major state read column-major.
                 tile_matmul::<E>(
                     &vb, &vb, &gb, &gb_lo, &mut stage, plane, chunk, pt, nk, false, pt, true, pt,
-                    FULL, FULL, SPLIT_B, stage_size,
+                    FULL, FULL, SPLIT_B, stage_size, nk,
                 );
                 sync_cube();
                 #[unroll]
@@ -543,14 +551,14 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                 // Qᵀ: q read column-major.
                 tile_matmul::<E>(
                     &qb, &qb, &sa, &sa_lo, &mut stage, plane, nk, chunk, pt, true, nk, false, pt,
-                    FULL, FULL, SPLIT_B, stage_size,
+                    FULL, FULL, SPLIT_B, stage_size, pt,
                 );
                 sync_cube();
                 let base = state_base + lvi * comptime!(level_size / 4);
                 let period = 2usize << lvi;
                 let fresh = j % period == period - 1;
                 let f = scale[lvi] * chunk_decay;
-                merge_level(states, &stage, base, f, fresh, u, level_size);
+                merge_level(states, &stage, base, f, fresh, u, nk, pt, pt);
                 sync_cube();
             }
         }
