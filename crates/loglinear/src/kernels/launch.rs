@@ -358,9 +358,10 @@ pub fn backward(
     let dtypes = [dtype_to_storage_type(dtype), dtype_to_storage_type(g_dtype)];
     let cubes = CubeCount::Static((bs * h) as u32, tiles as u32, 1);
     // The two kernel pairs take the same arguments.
-    // The tensor-core pair takes one more argument: the vector size of its input loads.
+    // The tensor-core pair takes two more arguments: the vector size of its input loads and
+    // whether it pads its shared rows.
     macro_rules! launch_pair {
-        ($causal:ident, $anticausal:ident $(, $vector:expr)?) => {{
+        ($causal:ident, $anticausal:ident $(, $vector:expr, $pad:expr)?) => {{
             $causal::launch(
                 &client,
                 cubes.clone(),
@@ -384,6 +385,7 @@ pub fn backward(
                 plan.pt,
                 levels,
                 nlev,
+                $($pad,)?
                 dtypes,
             );
             $anticausal::launch(
@@ -409,16 +411,18 @@ pub fn backward(
                 plan.pt,
                 levels,
                 nlev,
+                $($pad,)?
                 dtypes,
             );
         }};
     }
     if tensor_cores.is_some() {
-        let vector = vector_size(&[&q, &k, &v, &d_o]);
+        let (vector, pad) = (vector_size(&[&q, &k, &v, &d_o]), pad_rows());
         launch_pair!(
             causal_backward_tc_kernel,
             anticausal_backward_tc_kernel,
-            vector
+            vector,
+            pad
         );
     } else {
         launch_pair!(causal_backward_kernel, anticausal_backward_kernel);
@@ -439,7 +443,7 @@ fn plan_tensor_core(
     cubes: usize,
 ) -> Option<Plan> {
     plan_tc(q, nk, width, cubes, |chunk, pt| {
-        tc_shared_bytes(chunk, nk, pt, levels, 2)
+        tc_shared_bytes(chunk, nk, pt, levels, 2, pad_rows())
     })
 }
 
@@ -454,7 +458,7 @@ fn plan_tensor_core_backward(
     plan_tc(q, nk, width, cubes, |chunk, pt| {
         [true, false]
             .into_iter()
-            .map(|causal| tc_backward_shared_bytes(chunk, nk, pt, levels, 2, causal))
+            .map(|causal| tc_backward_shared_bytes(chunk, nk, pt, levels, 2, causal, pad_rows()))
             .max()
             .unwrap_or(0)
     })
@@ -586,9 +590,16 @@ fn causal_tensor_core(
         levels,
         nlev,
         single,
+        pad_rows(),
         dtypes,
     );
     out
+}
+
+/// Whether the tensor-core kernels pad the rows of their shared tiles against bank conflicts
+/// (`LOGLINEAR_TC_PAD=0` turns it off, for comparisons).
+fn pad_rows() -> bool {
+    !matches!(std::env::var("LOGLINEAR_TC_PAD").as_deref(), Ok("0"))
 }
 
 /// The vector size (elements per load) of the tensor-core kernels' bf16 `inputs` (contiguous,

@@ -21,27 +21,27 @@ use super::cube::{
 };
 use super::tensor_core::{
     ALIGN, EXACT, FULL, LOWER, PLANES, SPLIT_A, SPLIT_B, StateVec, UPPER, load_rows,
-    merge_key_state, merge_level, read_level, tile_matmul,
+    merge_key_state, merge_level, read_level, row_len_f32, row_len_input, tile_matmul,
 };
 
 /// f32 elements of the backward kernels' staging buffer: the largest product (`C × C`,
-/// `C × nk`, `C × pt`, `nk × pt`).
-pub const fn stage_len_backward(chunk: usize, nk: usize, pt: usize) -> usize {
-    let mut len = chunk * chunk;
-    if chunk * nk > len {
-        len = chunk * nk;
+/// `C × nk`, `C × pt`, `nk × pt`), rows padded with `pad`.
+pub const fn stage_len_backward(chunk: usize, nk: usize, pt: usize, pad: bool) -> usize {
+    let mut len = chunk * row_len_f32(chunk, pad);
+    if chunk * row_len_f32(nk, pad) > len {
+        len = chunk * row_len_f32(nk, pad);
     }
-    if chunk * pt > len {
-        len = chunk * pt;
+    if chunk * row_len_f32(pt, pad) > len {
+        len = chunk * row_len_f32(pt, pad);
     }
-    if nk * pt > len {
-        len = nk * pt;
+    if nk * row_len_f32(pt, pad) > len {
+        len = nk * row_len_f32(pt, pad);
     }
     len
 }
 
 /// Shared memory (bytes) of one cube of the causal (`causal`) or anticausal tensor-core backward
-/// kernel with `elem` bytes per input element.
+/// kernel with `elem` bytes per input element, rows padded with `pad`.
 pub fn tc_backward_shared_bytes(
     chunk: usize,
     nk: usize,
@@ -49,17 +49,22 @@ pub fn tc_backward_shared_bytes(
     levels: usize,
     elem: usize,
     causal: bool,
+    pad: bool,
 ) -> usize {
-    let square = chunk * chunk.max(pt);
+    let (ldk, ldv, ldw) = (
+        row_len_input(nk, pad),
+        row_len_input(pt, pad),
+        row_len_input(chunk, pad),
+    );
     let inputs = if causal {
         // q, k, v, dO; kd ⊙ v, the dq weights and one level state, each split in two
-        elem * (2 * chunk * nk + 2 * chunk * pt + 2 * (chunk * pt + chunk * chunk + nk * pt))
+        elem * (2 * chunk * ldk + 2 * chunk * ldv + 2 * (chunk * ldv + chunk * ldw + nk * ldv))
     } else {
         // q, k, v, dO; the dv and dk weights (the first reused for λ-weighted dO) and one
         // state, each split in two
-        elem * (2 * chunk * nk + 2 * chunk * pt + 2 * (2 * square + nk * pt))
+        elem * (2 * chunk * ldk + 2 * chunk * ldv + 2 * (2 * chunk * ldw.max(ldv) + nk * ldv))
     };
-    let mut floats = stage_len_backward(chunk, nk, pt) + chunk * levels + 5 * chunk + 32;
+    let mut floats = stage_len_backward(chunk, nk, pt, pad) + chunk * levels + 5 * chunk + 32;
     if causal {
         floats += chunk * chunk;
     }
@@ -90,6 +95,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     #[comptime] pt: usize,
     #[comptime] levels: usize,
     #[comptime] nlev: usize,
+    #[comptime] pad: bool,
     #[define(E, G)] _dtypes: [ElemType; 2],
 ) {
     let bh = CUBE_POS_X as usize;
@@ -104,20 +110,27 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     let level_size = comptime!(nk * pt);
     // The level states are read and written four floats at a time: offsets count vectors.
     let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt / 4);
-    let stage_size = comptime!(stage_len_backward(chunk, nk, pt));
+    let stage_size = comptime!(stage_len_backward(chunk, nk, pt, pad));
+    // Shared rows padded against bank conflicts (see `row_len_input`), unless `pad` is off.
+    let ldk = comptime!(row_len_input(nk, pad));
+    let ldv = comptime!(row_len_input(pt, pad));
+    let ldw = comptime!(row_len_input(chunk, pad));
+    let lss = comptime!(row_len_f32(chunk, pad));
+    let lsk = comptime!(row_len_f32(nk, pad));
+    let lsv = comptime!(row_len_f32(pt, pad));
 
-    let mut qb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * nk), ALIGN);
-    let mut kb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * nk), ALIGN);
-    let mut vb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * pt), ALIGN);
-    let mut ob = Shared::<[E]>::new_aligned_slice(comptime!(chunk * pt), ALIGN);
+    let mut qb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldk), ALIGN);
+    let mut kb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldk), ALIGN);
+    let mut vb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldv), ALIGN);
+    let mut ob = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldv), ALIGN);
     // Operands computed in f32 are split in two (`x = hi + lo`, both in the input dtype), so
     // the gradients keep ≈ 16 mantissa bits where one rounding would keep 8.
-    let mut vt = Shared::<[E]>::new_aligned_slice(comptime!(chunk * pt), ALIGN);
-    let mut vt_lo = Shared::<[E]>::new_aligned_slice(comptime!(chunk * pt), ALIGN);
-    let mut sc = Shared::<[E]>::new_aligned_slice(comptime!(chunk * chunk), ALIGN);
-    let mut sc_lo = Shared::<[E]>::new_aligned_slice(comptime!(chunk * chunk), ALIGN);
-    let mut hb = Shared::<[E]>::new_aligned_slice(comptime!(nk * pt), ALIGN);
-    let mut hb_lo = Shared::<[E]>::new_aligned_slice(comptime!(nk * pt), ALIGN);
+    let mut vt = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldv), ALIGN);
+    let mut vt_lo = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldv), ALIGN);
+    let mut sc = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldw), ALIGN);
+    let mut sc_lo = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldw), ALIGN);
+    let mut hb = Shared::<[E]>::new_aligned_slice(comptime!(nk * ldv), ALIGN);
+    let mut hb_lo = Shared::<[E]>::new_aligned_slice(comptime!(nk * ldv), ALIGN);
     let mut stage = Shared::<[f32]>::new_aligned_slice(stage_size, ALIGN);
     let mut sd = Shared::<[f32]>::new_slice(comptime!(chunk * chunk));
     let mut lam = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
@@ -134,13 +147,13 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
 
     for j in 0..n_chunks {
         let t0 = j * chunk;
-        load_rows::<E, N>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, nk);
-        load_rows::<E, N>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, nk);
+        load_rows::<E, N>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk);
+        load_rows::<E, N>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk);
         load_rows::<E, N>(
-            v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt, pt,
+            v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv,
         );
         load_rows::<E, N>(
-            d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt, pt,
+            d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv,
         );
         load_decays::<G>(
             g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
@@ -148,16 +161,17 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         );
         let mut idx = u;
         while idx < comptime!(chunk * pt) {
-            let x = f32::cast_from(vb[idx]) * kd[idx / pt];
+            let at = (idx / pt) * ldv + idx % pt;
+            let x = f32::cast_from(vb[at]) * kd[idx / pt];
             let hi = E::cast_from(x);
-            vt[idx] = hi;
-            vt_lo[idx] = E::cast_from(x - f32::cast_from(hi));
+            vt[at] = hi;
+            vt_lo[at] = E::cast_from(x - f32::cast_from(hi));
             idx += THREADS;
         }
         // A = Q Kᵀ (lower tiles); keep e^{γt−γs} A in f32 for dλ.
         tile_matmul::<E>(
-            &qb, &qb, &kb, &kb, &mut stage, plane, chunk, nk, chunk, false, nk, true, nk, FULL,
-            LOWER, EXACT, stage_size, chunk,
+            &qb, &qb, &kb, &kb, &mut stage, plane, chunk, nk, chunk, false, ldk, true, ldk, FULL,
+            LOWER, EXACT, stage_size, lss,
         );
         sync_cube();
         idx = u;
@@ -166,7 +180,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             let jj = idx % chunk;
             let mut x = 0.0f32;
             if jj <= i {
-                x = stage[idx] * (gam[i] - gam[jj]).exp();
+                x = stage[i * lss + jj] * (gam[i] - gam[jj]).exp();
             }
             sd[idx] = x;
             idx += THREADS;
@@ -174,8 +188,8 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         sync_cube();
         // B = dO Vᵀ (lower tiles): sd = e A B (dλ terms), sc = λ e B (dq weights).
         tile_matmul::<E>(
-            &ob, &ob, &vb, &vb, &mut stage, plane, chunk, pt, chunk, false, pt, true, pt, FULL,
-            LOWER, EXACT, stage_size, chunk,
+            &ob, &ob, &vb, &vb, &mut stage, plane, chunk, pt, chunk, false, ldv, true, ldv, FULL,
+            LOWER, EXACT, stage_size, lss,
         );
         sync_cube();
         idx = u;
@@ -185,7 +199,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             let mut w = 0.0f32;
             let mut x = 0.0f32;
             if jj <= i {
-                let bv = stage[idx];
+                let bv = stage[i * lss + jj];
                 x = sd[idx] * bv;
                 let lvl = bitlen(i ^ jj);
                 if lvl < levels {
@@ -194,8 +208,8 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             }
             sd[idx] = x;
             let hi = E::cast_from(w);
-            sc[idx] = hi;
-            sc_lo[idx] = E::cast_from(w - f32::cast_from(hi));
+            sc[i * ldw + jj] = hi;
+            sc_lo[i * ldw + jj] = E::cast_from(w - f32::cast_from(hi));
             idx += THREADS;
         }
         sync_cube();
@@ -231,14 +245,15 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         }
         // dq in-chunk: sc K.
         tile_matmul::<E>(
-            &sc, &sc_lo, &kb, &kb, &mut stage, plane, chunk, chunk, nk, false, chunk, false, nk,
-            LOWER, FULL, SPLIT_A, stage_size, nk,
+            &sc, &sc_lo, &kb, &kb, &mut stage, plane, chunk, chunk, nk, false, ldw, false, ldk,
+            LOWER, FULL, SPLIT_A, stage_size, lsk,
         );
         sync_cube();
         let mut acc = Array::<f32>::new(rows_q);
         #[unroll]
         for r in 0..rows_q {
-            acc[r] = stage[u + r * THREADS];
+            let e = u + r * THREADS;
+            acc[r] = stage[(e / nk) * lsk + e % nk];
         }
         sync_cube();
         // Earlier chunks (bit i−1 of j set): X = dO Hᵀ (`C × nk`), dq += λ e f X and
@@ -247,19 +262,20 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             let token_level = log_c + lvi + 1;
             if (j >> lvi) & 1 == 1 && token_level < levels {
                 let base = state_base + lvi * comptime!(level_size / 4);
-                read_level::<E>(states, &mut hb, &mut hb_lo, base, u, nk, pt, pt, true);
+                read_level::<E>(states, &mut hb, &mut hb_lo, base, u, nk, pt, ldv, true);
                 sync_cube();
                 // Hᵀ: the key-major state read column-major.
                 tile_matmul::<E>(
-                    &ob, &ob, &hb, &hb_lo, &mut stage, plane, chunk, pt, nk, false, pt, true, pt,
-                    FULL, FULL, SPLIT_B, stage_size, nk,
+                    &ob, &ob, &hb, &hb_lo, &mut stage, plane, chunk, pt, nk, false, ldv, true, ldv,
+                    FULL, FULL, SPLIT_B, stage_size, lsk,
                 );
                 sync_cube();
                 let f = scale[lvi];
                 #[unroll]
                 for r in 0..rows_q {
-                    let i = (u + r * THREADS) / nk;
-                    acc[r] += stage[u + r * THREADS] * f * eg[i] * lam[i * levels + token_level];
+                    let e = u + r * THREADS;
+                    let i = e / nk;
+                    acc[r] += stage[i * lsk + e % nk] * f * eg[i] * lam[i * levels + token_level];
                 }
                 // dλ = e f q·X: one plane per row, lanes over keys, a plane sum.
                 #[unroll]
@@ -271,7 +287,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                     for m in 0..comptime!(nk.div_ceil(32)) {
                         let n = lane + m * 32;
                         if n < nk {
-                            part += f32::cast_from(qb[i * nk + n]) * stage[i * nk + n];
+                            part += f32::cast_from(qb[i * ldk + n]) * stage[i * lsk + n];
                         }
                     }
                     let sum = plane_sum(part);
@@ -295,12 +311,12 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         // first half (the forward's state, key-major).
         if nlev > 0 {
             tile_matmul::<E>(
-                &kb, &kb, &vt, &vt_lo, &mut stage, plane, nk, chunk, pt, true, nk, false, pt, FULL,
-                FULL, SPLIT_B, stage_size, pt,
+                &kb, &kb, &vt, &vt_lo, &mut stage, plane, nk, chunk, pt, true, ldk, false, ldv,
+                FULL, FULL, SPLIT_B, stage_size, lsv,
             );
             sync_cube();
             merge_key_state(
-                states, &stage, &scale, &eg, u, j, state_base, chunk, nk, pt, pt, nlev, false,
+                states, &stage, &scale, &eg, u, j, state_base, chunk, nk, pt, lsv, nlev, false,
             );
         }
         sync_storage();
@@ -341,6 +357,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     #[comptime] pt: usize,
     #[comptime] levels: usize,
     #[comptime] nlev: usize,
+    #[comptime] pad: bool,
     #[define(E, G)] _dtypes: [ElemType; 2],
 ) {
     let bh = CUBE_POS_X as usize;
@@ -356,21 +373,30 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     let level_size = comptime!(nk * pt);
     // The level states are read and written four floats at a time: offsets count vectors.
     let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt / 4);
-    let stage_size = comptime!(stage_len_backward(chunk, nk, pt));
-    let square = comptime!(chunk * if chunk > pt { chunk } else { pt });
+    let stage_size = comptime!(stage_len_backward(chunk, nk, pt, pad));
+    // Shared rows padded against bank conflicts (see `row_len_input`), unless `pad` is off.
+    let ldk = comptime!(row_len_input(nk, pad));
+    let ldv = comptime!(row_len_input(pt, pad));
+    let ldw = comptime!(row_len_input(chunk, pad));
+    let lss = comptime!(row_len_f32(chunk, pad));
+    let lsk = comptime!(row_len_f32(nk, pad));
+    let lsv = comptime!(row_len_f32(pt, pad));
+    // `sa` holds the dv weights (`C × C`, rows `ldw`) and later λ-weighted dO (`C × pt`, rows
+    // `ldv`); `sb` the dk weights.
+    let square = comptime!(chunk * if ldw > ldv { ldw } else { ldv });
 
-    let mut qb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * nk), ALIGN);
-    let mut kb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * nk), ALIGN);
-    let mut vb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * pt), ALIGN);
-    let mut ob = Shared::<[E]>::new_aligned_slice(comptime!(chunk * pt), ALIGN);
+    let mut qb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldk), ALIGN);
+    let mut kb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldk), ALIGN);
+    let mut vb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldv), ALIGN);
+    let mut ob = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldv), ALIGN);
     // `sa`: the dv weights, then (per level update) λ-weighted dO; `sb`: the dk weights.
     // Operands computed in f32 are split in two (`x = hi + lo`), as in the causal kernel.
     let mut sa = Shared::<[E]>::new_aligned_slice(square, ALIGN);
     let mut sa_lo = Shared::<[E]>::new_aligned_slice(square, ALIGN);
     let mut sb = Shared::<[E]>::new_aligned_slice(square, ALIGN);
     let mut sb_lo = Shared::<[E]>::new_aligned_slice(square, ALIGN);
-    let mut gb = Shared::<[E]>::new_aligned_slice(comptime!(nk * pt), ALIGN);
-    let mut gb_lo = Shared::<[E]>::new_aligned_slice(comptime!(nk * pt), ALIGN);
+    let mut gb = Shared::<[E]>::new_aligned_slice(comptime!(nk * ldv), ALIGN);
+    let mut gb_lo = Shared::<[E]>::new_aligned_slice(comptime!(nk * ldv), ALIGN);
     let mut stage = Shared::<[f32]>::new_aligned_slice(stage_size, ALIGN);
     let mut lam = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
     let mut graw = Shared::<[f32]>::new_slice(chunk);
@@ -395,13 +421,13 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     for step in 0..n_chunks {
         let j = n_chunks - 1 - step;
         let t0 = j * chunk;
-        load_rows::<E, N>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, nk);
-        load_rows::<E, N>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, nk);
+        load_rows::<E, N>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk);
+        load_rows::<E, N>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk);
         load_rows::<E, N>(
-            v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt, pt,
+            v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv,
         );
         load_rows::<E, N>(
-            d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt, pt,
+            d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv,
         );
         load_decays::<G>(
             g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
@@ -410,8 +436,8 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         // Row s, column t ≥ s: A = K Qᵀ, B = V dOᵀ (upper tiles), each times
         // W = λ[t, ℓ(t,s)] e^{γt−γs}.
         tile_matmul::<E>(
-            &kb, &kb, &qb, &qb, &mut stage, plane, chunk, nk, chunk, false, nk, true, nk, FULL,
-            UPPER, EXACT, stage_size, chunk,
+            &kb, &kb, &qb, &qb, &mut stage, plane, chunk, nk, chunk, false, ldk, true, ldk, FULL,
+            UPPER, EXACT, stage_size, lss,
         );
         sync_cube();
         idx = u;
@@ -422,7 +448,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             if tj >= si {
                 let lvl = bitlen(si ^ tj);
                 if lvl < levels {
-                    x = stage[idx] * (gam[tj] - gam[si]).exp() * lam[tj * levels + lvl];
+                    x = stage[si * lss + tj] * (gam[tj] - gam[si]).exp() * lam[tj * levels + lvl];
                 }
             }
             if tj == si {
@@ -432,14 +458,14 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                 x = 0.0f32;
             }
             let hi = E::cast_from(x);
-            sa[idx] = hi;
-            sa_lo[idx] = E::cast_from(x - f32::cast_from(hi));
+            sa[si * ldw + tj] = hi;
+            sa_lo[si * ldw + tj] = E::cast_from(x - f32::cast_from(hi));
             idx += THREADS;
         }
         sync_cube();
         tile_matmul::<E>(
-            &vb, &vb, &ob, &ob, &mut stage, plane, chunk, pt, chunk, false, pt, true, pt, FULL,
-            UPPER, EXACT, stage_size, chunk,
+            &vb, &vb, &ob, &ob, &mut stage, plane, chunk, pt, chunk, false, ldv, true, ldv, FULL,
+            UPPER, EXACT, stage_size, lss,
         );
         sync_cube();
         idx = u;
@@ -450,37 +476,39 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             if tj >= si {
                 let lvl = bitlen(si ^ tj);
                 if lvl < levels {
-                    x = stage[idx] * (gam[tj] - gam[si]).exp() * lam[tj * levels + lvl];
+                    x = stage[si * lss + tj] * (gam[tj] - gam[si]).exp() * lam[tj * levels + lvl];
                 }
             }
             let hi = E::cast_from(x);
-            sb[idx] = hi;
-            sb_lo[idx] = E::cast_from(x - f32::cast_from(hi));
+            sb[si * ldw + tj] = hi;
+            sb_lo[si * ldw + tj] = E::cast_from(x - f32::cast_from(hi));
             idx += THREADS;
         }
         sync_cube();
         // dv = (W ⊙ A) dO, dk = (W ⊙ B) Q (upper-triangular weights).
         tile_matmul::<E>(
-            &sa, &sa_lo, &ob, &ob, &mut stage, plane, chunk, chunk, pt, false, chunk, false, pt,
-            UPPER, FULL, SPLIT_A, stage_size, pt,
+            &sa, &sa_lo, &ob, &ob, &mut stage, plane, chunk, chunk, pt, false, ldw, false, ldv,
+            UPPER, FULL, SPLIT_A, stage_size, lsv,
         );
         sync_cube();
         let mut acc_v = Array::<f32>::new(rows_v);
         #[unroll]
         for r in 0..rows_v {
             let e = u + r * THREADS;
-            acc_v[r] = stage[e] + dga[e / pt] * f32::cast_from(ob[e]);
+            let (i, c) = (e / pt, e % pt);
+            acc_v[r] = stage[i * lsv + c] + dga[i] * f32::cast_from(ob[i * ldv + c]);
         }
         sync_cube();
         tile_matmul::<E>(
-            &sb, &sb_lo, &qb, &qb, &mut stage, plane, chunk, chunk, nk, false, chunk, false, nk,
-            UPPER, FULL, SPLIT_A, stage_size, nk,
+            &sb, &sb_lo, &qb, &qb, &mut stage, plane, chunk, chunk, nk, false, ldw, false, ldk,
+            UPPER, FULL, SPLIT_A, stage_size, lsk,
         );
         sync_cube();
         let mut acc_k = Array::<f32>::new(rows_k);
         #[unroll]
         for r in 0..rows_k {
-            acc_k[r] = stage[u + r * THREADS];
+            let e = u + r * THREADS;
+            acc_k[r] = stage[(e / nk) * lsk + e % nk];
         }
         sync_cube();
         // Later chunks (bit i−1 of j clear): dv += kd f K G, dk += kd f V Gᵀ.
@@ -488,30 +516,32 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             let token_level = log_c + lvi + 1;
             if (j >> lvi) & 1 == 0 && token_level < levels {
                 let base = state_base + lvi * comptime!(level_size / 4);
-                read_level::<E>(states, &mut gb, &mut gb_lo, base, u, nk, pt, pt, true);
+                read_level::<E>(states, &mut gb, &mut gb_lo, base, u, nk, pt, ldv, true);
                 sync_cube();
                 let f = scale[lvi];
                 tile_matmul::<E>(
-                    &kb, &kb, &gb, &gb_lo, &mut stage, plane, chunk, nk, pt, false, nk, false, pt,
-                    FULL, FULL, SPLIT_B, stage_size, pt,
+                    &kb, &kb, &gb, &gb_lo, &mut stage, plane, chunk, nk, pt, false, ldk, false,
+                    ldv, FULL, FULL, SPLIT_B, stage_size, lsv,
                 );
                 sync_cube();
                 #[unroll]
                 for r in 0..rows_v {
-                    let i = (u + r * THREADS) / pt;
-                    acc_v[r] += stage[u + r * THREADS] * f * kd[i];
+                    let e = u + r * THREADS;
+                    let i = e / pt;
+                    acc_v[r] += stage[i * lsv + e % pt] * f * kd[i];
                 }
                 sync_cube();
                 // Gᵀ: the key-major state read column-major.
                 tile_matmul::<E>(
-                    &vb, &vb, &gb, &gb_lo, &mut stage, plane, chunk, pt, nk, false, pt, true, pt,
-                    FULL, FULL, SPLIT_B, stage_size, nk,
+                    &vb, &vb, &gb, &gb_lo, &mut stage, plane, chunk, pt, nk, false, ldv, true, ldv,
+                    FULL, FULL, SPLIT_B, stage_size, lsk,
                 );
                 sync_cube();
                 #[unroll]
                 for r in 0..rows_k {
-                    let i = (u + r * THREADS) / nk;
-                    acc_k[r] += stage[u + r * THREADS] * f * kd[i];
+                    let e = u + r * THREADS;
+                    let i = e / nk;
+                    acc_k[r] += stage[i * lsk + e % nk] * f * kd[i];
                 }
                 sync_cube();
             }
@@ -541,24 +571,25 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                 idx = u;
                 while idx < comptime!(chunk * pt) {
                     let i = idx / pt;
-                    let x = f32::cast_from(ob[idx]) * eg[i] * lam[i * levels + token_level];
+                    let at = i * ldv + idx % pt;
+                    let x = f32::cast_from(ob[at]) * eg[i] * lam[i * levels + token_level];
                     let hi = E::cast_from(x);
-                    sa[idx] = hi;
-                    sa_lo[idx] = E::cast_from(x - f32::cast_from(hi));
+                    sa[at] = hi;
+                    sa_lo[at] = E::cast_from(x - f32::cast_from(hi));
                     idx += THREADS;
                 }
                 sync_cube();
                 // Qᵀ: q read column-major.
                 tile_matmul::<E>(
-                    &qb, &qb, &sa, &sa_lo, &mut stage, plane, nk, chunk, pt, true, nk, false, pt,
-                    FULL, FULL, SPLIT_B, stage_size, pt,
+                    &qb, &qb, &sa, &sa_lo, &mut stage, plane, nk, chunk, pt, true, ldk, false, ldv,
+                    FULL, FULL, SPLIT_B, stage_size, lsv,
                 );
                 sync_cube();
                 let base = state_base + lvi * comptime!(level_size / 4);
                 let period = 2usize << lvi;
                 let fresh = j % period == period - 1;
                 let f = scale[lvi] * chunk_decay;
-                merge_level(states, &stage, base, f, fresh, u, nk, pt, pt);
+                merge_level(states, &stage, base, f, fresh, u, nk, pt, lsv);
                 sync_cube();
             }
         }
