@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine: scripts/gpu-run.sh STEP... where STEP is one of
-#   smoke | profile | op-vec | commands | kernels | op | op-tc | op-final | op-check | train-fused | train-forms | commands-lm | op-fused | op-chunks | op-long | op-chunked | train | train-short
+#   smoke | profile | op-vec | op-pad | op-nopad | profile-fwd | commands | kernels | op | op-tc | op-final | op-check | train-fused | train-forms | commands-lm | op-fused | op-chunks | op-long | op-chunked | train | train-short
 #   | train-long | train-32k | decode
 #   | mqar-timing
 #   | sweep:CONFIG:JOBS[:SET,SET...] | lm-eval:NAME
@@ -24,7 +24,7 @@ smoke)
     ;;
 kernels)
     step "fused kernel checks"
-    timeout 120 $bin bench kernels --device cuda 2>&1 | tee "$out/bench_kernels.txt"
+    timeout ${KERNELS_TIMEOUT:-240} $bin bench kernels --device cuda 2>&1 | tee "$out/bench_kernels.txt"
     ;;
 op-fused)
     step "bench op bf16, fused, level states in shared memory (default)"
@@ -89,6 +89,22 @@ op-vec)
     timeout 240 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 2048,8192,32768 --lambda-one 2>&1 | tee "$out/bench_op_vec.txt"
     step "bench op bf16, fused, one element per load (LOGLINEAR_TC_VEC=1), T = 8192"
     LOGLINEAR_TC_VEC=1 timeout 100 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 8192 2>&1 | tee "$out/bench_op_novec.txt"
+    ;;
+op-pad)
+    step "bench op bf16, fused, padded shared rows (default), T = 2048, 8192, 32768, λ learned and ≡ 1 with fused Mamba-2"
+    timeout 240 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 2048,8192,32768 --lambda-one 2>&1 | tee "$out/bench_op_pad.txt"
+    ;;
+op-nopad)
+    step "bench op bf16, fused, unpadded shared rows (LOGLINEAR_TC_PAD=0), T = 8192"
+    LOGLINEAR_TC_PAD=0 timeout 100 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 8192 2>&1 | tee "$out/bench_op_nopad.txt"
+    ;;
+profile-fwd)
+    step "ncu, forward kernel only, bf16, T = 8192"
+    ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
+    [[ -n $ncu ]] && timeout 120 $ncu -k regex:causal_tc --launch-skip 2 --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section Occupancy \
+        $bin bench op --device cuda --dtype bf16 --runs 1 --forms fused --t 8192 2>&1 \
+        | grep -v "^==PROF==" | tee "$out/ncu_fwd.txt" | grep -E "Duration|Throughput|stalled|Warp Cycles|Achieved Occ"
     ;;
 op-check)
     step "bench op bf16, fused (tensor cores fwd and bwd)"
