@@ -210,3 +210,29 @@ fn vector_helpers_load_merge_and_read() {
         }
     }
 }
+
+/// The H200's shared memory per multiprocessor (228 KB, 1 KB of it reserved per cube) holds two
+/// forward cubes at the anchors' shapes (N = 128, P = 64, chunk 64, up to 2^20 tokens) with the
+/// padded rows — one cube per multiprocessor made the forward latency-bound (bench/RESULTS.md) —
+/// and one cube of each backward kernel.
+#[test]
+fn tensor_core_tiles_keep_their_occupancy_on_the_h200() {
+    use loglinear::kernels::tensor_core::tc_shared_bytes;
+    use loglinear::kernels::tensor_core_backward::tc_backward_shared_bytes;
+    let per_sm = 228 * 1024;
+    let levels = num_levels(1 << 20);
+    for pad in [true, false] {
+        let forward = tc_shared_bytes(64, 128, 64, levels, 2, pad);
+        assert!(
+            2 * (forward + 1024) <= per_sm,
+            "forward cube: {forward} bytes (pad {pad})"
+        );
+        for causal in [true, false] {
+            let backward = tc_backward_shared_bytes(64, 128, 64, levels, 2, causal, pad);
+            assert!(
+                backward + 1024 <= 227 * 1024,
+                "backward cube (causal {causal}): {backward} bytes (pad {pad})"
+            );
+        }
+    }
+}
