@@ -603,23 +603,30 @@ fn pad_rows() -> bool {
 }
 
 /// The vector size (elements per load) of the tensor-core kernels' bf16 `inputs` (contiguous,
-/// rows of `nk` or `width` elements): 8 (16 bytes) or less where a row width or a buffer offset
-/// is not a multiple. `LOGLINEAR_TC_VEC=1` forces one element per load (for comparisons).
+/// rows of `nk` or `width` elements): the widest the runtime loads well (8 = 16 bytes on CUDA)
+/// that divides every row width and buffer offset, else 1. `LOGLINEAR_TC_VEC=1` forces one
+/// element per load (for comparisons).
 fn vector_size(inputs: &[&CubeTensor]) -> usize {
     if matches!(std::env::var("LOGLINEAR_TC_VEC").as_deref(), Ok("1")) {
         return 1;
     }
-    [8, 4, 2]
-        .into_iter()
-        .find(|&n| {
+    let Some(first) = inputs.first() else {
+        return 1;
+    };
+    first
+        .client
+        .io_optimized_vector_sizes(first.dtype.size())
+        .filter(|&n| {
             inputs.iter().all(|x| {
                 x.meta.shape()[3].is_multiple_of(n)
-                    && x.handle
+                    && x
+                        .handle
                         .offset_start
                         .unwrap_or(0)
                         .is_multiple_of((n * x.dtype.size()) as u64)
             })
         })
+        .max()
         .unwrap_or(1)
 }
 
