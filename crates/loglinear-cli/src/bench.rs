@@ -567,7 +567,7 @@ pub fn bench_train(
         let arch_name = if cfg.model.arch == Arch::Transformer {
             "transformer (softmax)".to_string()
         } else {
-            format!("log-linear Mamba-2, λ {mode}")
+            format!("log-linear Mamba-2, λ {mode}, {}", cfg.model.form_on(&ad))
         };
         let mut model = Model::new(&cfg, &ad);
         let params = burn::module::Module::num_params(&model);
@@ -578,7 +578,7 @@ pub fn bench_train(
         let inputs =
             Tensor::<2, Int>::from_data(TensorData::new(ids.clone(), vec![batch, seq_len]), &ad);
         let targets = Tensor::<2, Int>::from_data(TensorData::new(ids, vec![batch, seq_len]), &ad);
-        let form = cfg.model.form();
+        let form = cfg.model.form_on(&ad);
         let mut step = || {
             let logits = model.forward(inputs.clone(), form, false).logits;
             let (loss, _) = masked_cross_entropy(logits, targets.clone());

@@ -171,8 +171,9 @@ enum BenchCommand {
         /// Compute precision: bf16 (mixed) or full.
         #[arg(long, default_value = "bf16")]
         precision: String,
-        /// Core-op form of the log-linear models: chunked or fused.
-        #[arg(long, default_value = "chunked")]
+        /// Core-op form of the log-linear models: auto (the config default: fused where it runs
+        /// on tensor cores, else chunked), chunked or fused.
+        #[arg(long, default_value = "auto")]
         form: String,
         /// Device: cpu, cuda[:N] or wgpu.
         #[arg(long, default_value = "cpu")]

@@ -51,7 +51,7 @@ pub fn trace_run(run_dir: &Path, samples: usize, device: &Device) -> Result<Lamb
         .generate(samples, config.seed.wrapping_add(config.eval.seed_offset))?;
     let indices: Vec<usize> = (0..pool.len()).collect();
     let (inputs, _) = batch_tensors(&pool, &indices, device);
-    let out = model.forward(inputs, config.model.form(), true);
+    let out = model.forward(inputs, config.model.form_on(device), true);
     let dims = out
         .lambda
         .first()

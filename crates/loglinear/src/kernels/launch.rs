@@ -464,6 +464,32 @@ fn plan_tensor_core_backward(
     })
 }
 
+/// Whether the tensor-core kernels can run on `device` for `dtype` inputs with key width `nk`:
+/// bf16, `nk` a multiple of 16, a device whose `cmma` takes 16×16×16 bf16 tiles with f32
+/// accumulation, and `LOGLINEAR_FUSED_TC` not `0`. (Their tiles must also fit its shared memory,
+/// which every width of the anchors' shapes does.)
+pub fn tensor_cores_available(device: &CubeDevice, dtype: DType, nk: usize) -> bool {
+    if matches!(std::env::var("LOGLINEAR_FUSED_TC").as_deref(), Ok("0")) {
+        return false;
+    }
+    // bf16 only: the level states and weighted operands are rounded to the input dtype, and
+    // f16's range (65,504) does not hold a state summed over a long sequence; f16 inputs take
+    // the scalar kernels, which compute in f32.
+    if dtype != DType::BF16 || !nk.is_multiple_of(TILE) {
+        return false;
+    }
+    let elem = ElemType::Float(FloatKind::BF16);
+    let mma = MmaConfig {
+        a_type: elem,
+        b_type: elem,
+        cd_type: ElemType::Float(FloatKind::F32),
+        m: TILE as u32,
+        n: TILE as u32,
+        k: TILE as u32,
+    };
+    device.client().properties().features.matmul.cmma.contains(&mma)
+}
+
 /// Tensor-core tiles for inputs like `q` whose cubes need `shared(chunk, pt)` bytes: the
 /// preferred chunk (then 32), the widest value tile that fits and keeps two cubes per
 /// multiprocessor busy; `None` where the path cannot run.
@@ -474,31 +500,10 @@ fn plan_tc(
     cubes: usize,
     shared: impl Fn(usize, usize) -> usize,
 ) -> Option<Plan> {
-    if matches!(std::env::var("LOGLINEAR_FUSED_TC").as_deref(), Ok("0")) {
-        return None;
-    }
-    // bf16 only: the level states and weighted operands are rounded to the input dtype, and
-    // f16's range (65,504) does not hold a state summed over a long sequence; f16 inputs take
-    // the scalar kernels, which compute in f32.
-    if q.dtype != DType::BF16 {
-        return None;
-    }
-    let elem = ElemType::Float(FloatKind::BF16);
-    if !nk.is_multiple_of(TILE) {
+    if !tensor_cores_available(&q.device, q.dtype, nk) {
         return None;
     }
     let props = q.client.properties();
-    let mma = MmaConfig {
-        a_type: elem,
-        b_type: elem,
-        cd_type: ElemType::Float(FloatKind::F32),
-        m: TILE as u32,
-        n: TILE as u32,
-        k: TILE as u32,
-    };
-    if !props.features.matmul.cmma.contains(&mma) {
-        return None;
-    }
     let first = std::env::var("LOGLINEAR_TC_CHUNK")
         .ok()
         .and_then(|s| s.parse().ok())

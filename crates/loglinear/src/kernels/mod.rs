@@ -268,6 +268,16 @@ pub fn is_cube_device(device: &Device) -> bool {
     )
 }
 
+/// Whether the fused op runs on tensor cores on `device` for `dtype` inputs with key width `n`
+/// ([`launch::tensor_cores_available`]); false on devices without CubeCL kernels.
+pub fn runs_on_tensor_cores(device: &Device, dtype: DType, n: usize) -> bool {
+    match device.clone().inner().as_dispatch() {
+        DispatchDevice::Cube(cube) => launch::tensor_cores_available(cube, dtype, n),
+        #[allow(unreachable_patterns)]
+        _ => false,
+    }
+}
+
 /// The fused op on a CubeCL device, or why it cannot run there (the caller falls back to the
 /// chunked form).
 pub fn fused(x: &LogLinearInput) -> Result<Tensor<4>, String> {
