@@ -4,9 +4,9 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
+use burn::prelude::Device;
 use loglinear::fenwick::num_levels;
 use loglinear::nn::{LambdaMode, Precision};
-use burn::prelude::Device;
 use loglinear::ops::Form;
 use serde::{Deserialize, Serialize};
 

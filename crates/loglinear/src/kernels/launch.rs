@@ -357,9 +357,8 @@ pub fn backward(
     let [q, k, v, g, lambda, d_o] = [q, k, v, g, lambda, d_o].map(into_contiguous);
     let dtypes = [dtype_to_storage_type(dtype), dtype_to_storage_type(g_dtype)];
     let cubes = CubeCount::Static((bs * h) as u32, tiles as u32, 1);
-    // The two kernel pairs take the same arguments.
-    // The tensor-core pair takes two more arguments: the vector size of its input loads and
-    // whether it pads its shared rows.
+    // The two kernel pairs take the same arguments, and the tensor-core pair two more: the vector
+    // size of its input loads and whether it pads its shared rows.
     macro_rules! launch_pair {
         ($causal:ident, $anticausal:ident $(, $vector:expr, $pad:expr)?) => {{
             $causal::launch(
@@ -487,7 +486,13 @@ pub fn tensor_cores_available(device: &CubeDevice, dtype: DType, nk: usize) -> b
         n: TILE as u32,
         k: TILE as u32,
     };
-    device.client().properties().features.matmul.cmma.contains(&mma)
+    device
+        .client()
+        .properties()
+        .features
+        .matmul
+        .cmma
+        .contains(&mma)
 }
 
 /// Tensor-core tiles for inputs like `q` whose cubes need `shared(chunk, pt)` bytes: the
@@ -624,8 +629,7 @@ fn vector_size(inputs: &[&CubeTensor]) -> usize {
         .filter(|&n| {
             inputs.iter().all(|x| {
                 x.meta.shape()[3].is_multiple_of(n)
-                    && x
-                        .handle
+                    && x.handle
                         .offset_start
                         .unwrap_or(0)
                         .is_multiple_of((n * x.dtype.size()) as u64)

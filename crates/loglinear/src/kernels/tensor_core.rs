@@ -16,6 +16,12 @@
 //! products; each product's result passes through one f32 shared staging buffer. Requires `nk` a
 //! multiple of 16 and `chunk` ∈ {32, 64} (the value tile `pt` is 16, 32 or 64 whatever P is;
 //! columns past P are zero); other shapes use the scalar kernel.
+//!
+//! Memory access, as profiled on the H200 (bench/RESULTS.md, session 4): inputs are read as
+//! vectors with all of a unit's loads in flight before it stores any ([`load_rows`]), level
+//! states four floats at a time ([`read_level`], [`merge_level`]), and every shared tile's rows
+//! are padded 16 bytes ([`row_len_input`], [`row_len_f32`]) so that a cmma tile's 16 rows do not
+//! share banks.
 
 use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
@@ -266,7 +272,8 @@ pub const SPLIT_A: u32 = 1;
 /// `B = b + b2`, likewise.
 pub const SPLIT_B: u32 = 2;
 
-/// `stage[rows × cols]` (f32, row-major, rows `ldc` apart) `= A · B`, one 16×16 output tile per plane at a time.
+/// `stage[rows × cols]` (f32, row-major, rows `ldc` apart) `= A · B`, one 16×16 output tile per
+/// plane at a time.
 /// `A` (`rows × inner`) is read from `a` row-major (`a[r·lda + k]`) or, with `a_col`,
 /// column-major (`a[k·lda + r]`, i.e. the transpose of a row-major buffer); `B` (`inner × cols`)
 /// likewise from `b` (`b_col`: `b[c·ldb + k]`). `a_tri` skips the zero tiles of a triangular `A`
@@ -462,13 +469,13 @@ pub fn tc_shared_bytes(
 /// f32 elements per access of the level states: 16 bytes.
 pub type StateVec = Const<4>;
 
-/// `buf[i·ld + c] = x[b, t0 + i, h, c0 + c]` (`c < cols`) for a chunk of rows, in the input dtype (zero
-/// past the end of the sequence or of the `width` columns), read `N` elements at a time (the
-/// launch's vector size: 16 bytes where the row widths and buffer offsets allow) with every load
-/// of a unit issued before its first store — one element per loop trip, each waited for, left
-/// the kernels waiting on global memory for about half their cycles (Nsight Compute on the H200,
-/// bench/RESULTS.md). `cols`, `width` and `c0` are multiples of `N`. The caller's next barrier
-/// publishes the buffer.
+/// `buf[i·ld + c] = x[b, t0 + i, h, c0 + c]` (`c < cols`) for a chunk of rows, in the input
+/// dtype (zero past the end of the sequence or of the `width` columns), read `N` elements at a
+/// time (the launch's vector size: 16 bytes where the row widths and buffer offsets allow) with
+/// every load of a unit issued before its first store — one element per loop trip, each waited
+/// for, left the kernels waiting on global memory for about half their cycles (Nsight Compute on
+/// the H200, bench/RESULTS.md). `cols`, `width` and `c0` are multiples of `N`. The caller's next
+/// barrier publishes the buffer.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 pub fn load_rows<E: Float, N: Size>(
@@ -660,8 +667,9 @@ pub fn read_level<E: Float>(
 /// [`read_level`]) in one cube: the tensor-core kernels that use them need `cmma`, which
 /// software Vulkan lacks, so the probe lets CPU-only CI run the same helper code on f32.
 /// `rows = chunk × cols` of `x: [1, seq, 1, width]` from (`t0`, `c0`), loaded with padded rows;
-/// the level at `states[len..2·len]` (`len / cols` rows) merged with the first `len` loaded values (factor `f`, `fresh` ≠ 0
-/// starts it afresh); `level` = that level read back as `hi + lo`.
+/// the level at `states[len..2·len]` (`len / cols` rows) merged with the first `len` loaded
+/// values (factor `f`, `fresh` ≠ 0 starts it afresh); `level` = that level read back as
+/// `hi + lo`.
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
