@@ -468,6 +468,11 @@ fn plan_tensor_core_backward(
 /// accumulation, and `LOGLINEAR_FUSED_TC` not `0`. (Their tiles must also fit its shared memory,
 /// which every width of the anchors' shapes does.)
 pub fn tensor_cores_available(device: &CubeDevice, dtype: DType, nk: usize) -> bool {
+    cmma_takes_bf16_tiles(device.client().properties(), dtype, nk)
+}
+
+/// [`tensor_cores_available`] from a device's properties (a launch has them at hand).
+fn cmma_takes_bf16_tiles(props: &cubecl::ir::DeviceProperties, dtype: DType, nk: usize) -> bool {
     if matches!(std::env::var("LOGLINEAR_FUSED_TC").as_deref(), Ok("0")) {
         return false;
     }
@@ -486,13 +491,7 @@ pub fn tensor_cores_available(device: &CubeDevice, dtype: DType, nk: usize) -> b
         n: TILE as u32,
         k: TILE as u32,
     };
-    device
-        .client()
-        .properties()
-        .features
-        .matmul
-        .cmma
-        .contains(&mma)
+    props.features.matmul.cmma.contains(&mma)
 }
 
 /// Tensor-core tiles for inputs like `q` whose cubes need `shared(chunk, pt)` bytes: the
@@ -505,10 +504,10 @@ fn plan_tc(
     cubes: usize,
     shared: impl Fn(usize, usize) -> usize,
 ) -> Option<Plan> {
-    if !tensor_cores_available(&q.device, q.dtype, nk) {
+    let props = q.client.properties();
+    if !cmma_takes_bf16_tiles(props, q.dtype, nk) {
         return None;
     }
-    let props = q.client.properties();
     let first = std::env::var("LOGLINEAR_TC_CHUNK")
         .ok()
         .and_then(|s| s.parse().ok())
