@@ -38,10 +38,16 @@ use crate::ops::LogLinearInput;
 
 /// The fused op as backend operations. Implemented for CubeCL backends (the kernels) and for
 /// autodiff over them (the backward below); other backends never reach it ([`fused`] checks).
-#[backend_extension(Cube, Autodiff)]
+///
+/// With Burn's `fusion` feature (GPU builds) CubeCL tensors live under `Fusion<CubeBackend>`: the
+/// macro then lowers each method to an opaque fusion operation whose output shapes and dtypes are
+/// given below, and the CubeCL implementation runs when the fusion stream reaches it. Neighbouring
+/// element-wise operations still fuse with each other around it.
+#[backend_extension(Cube, Fusion: cfg(feature = "fusion"), Autodiff)]
 pub trait LogLinearKernels: Backend {
     /// `o: [B, T, H, P]` in the dtype of `q, k: [B, T, H, N]`, `v: [B, T, H, P]`, from those and
     /// `g: [B, T, H]`, `lambda: [B, T, H, L]` (same dtype as `q`, or f32 under mixed precision).
+    #[fusion(dtype = q, shape = v)]
     fn log_linear_fused(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -53,6 +59,7 @@ pub trait LogLinearKernels: Backend {
     /// Mamba-2 (SSD), `o[t] = Σ_{s≤t} e^{Γt−Γs} (q_t·k_s) v_s` in the dtype of `q`, by the
     /// forward kernel with one state (on tensor cores where they run). Forward only (no gradient
     /// is tracked): the single-state baseline that `bench op --lambda-one` times the op against.
+    #[fusion(dtype = q, shape = v)]
     fn mamba2_fused(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -63,6 +70,7 @@ pub trait LogLinearKernels: Backend {
     /// `(dq, dk, dv, dg, dλ)` in the dtypes of the inputs, from the inputs and the output
     /// gradient `grad: [B, T, H, P]` (dtype of `q`).
     #[allow(clippy::type_complexity)]
+    #[fusion(meta = |q, k, v, g, lambda, _grad| (q.clone(), k.clone(), v.clone(), g.clone(), lambda.clone()))]
     fn log_linear_fused_backward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
