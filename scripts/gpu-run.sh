@@ -2,7 +2,7 @@
 # Runs on the GPU machine: scripts/gpu-run.sh STEP... where STEP is one of
 #   smoke | profile | op-vec | op-pad | op-nopad | profile-fwd | commands | kernels | op | op-tc | op-final | op-check | train-fused | train-forms | commands-lm | op-fused | op-chunks | op-long | op-chunked | train | train-short
 #   | train-long | train-32k | decode
-#   | mqar-timing
+#   | mqar-timing | train-cold:LEVEL | train-profile
 #   | sweep:CONFIG:JOBS[:SET,SET...] | lm-eval:NAME
 # bin-gpu/loglinear.xz is built by scripts/build-gpu.sh and carried over; results go to $OUT.
 set -uo pipefail
@@ -184,6 +184,27 @@ lm-eval:*)
     for r in "$dir"/*/; do
         timeout 60 $bin eval "$r" --device cuda --set task.max_eval_windows=1000000 2>&1 | tail -1
     done | tee "$out/$(basename "$dir")_eval.txt"
+    ;;
+train-cold:*)
+    # A cold process (empty kernel and autotune cache) at one autotune level: wall time to the
+    # first step, then the step time, with the CPU loss-curve check first.
+    level=${s#train-cold:}
+    step "bench train T=512 batch 64, λ linear, cold cache, autotune $level"
+    rm -rf /tmp/cache-$level
+    /usr/bin/time -f "process wall %e s" env LOGLINEAR_AUTOTUNE_LEVEL=$level LOGLINEAR_KERNEL_CACHE=/tmp/cache-$level \
+        timeout ${COLD_TIMEOUT:-420} $bin bench train --device cuda --runs 10 --modes linear 2>&1 \
+        | tee "$out/train_cold_$level.txt" | grep -v "Fastest result" | tail -12
+    echo "autotune decisions printed: $(grep -c "Fastest result" "$out/train_cold_$level.txt")"
+    ;;
+train-profile)
+    # The LM step at both published settings, every λ mode and the Transformer, with a
+    # kernel-by-kernel profile of each (warm cache from train-cold).
+    step "bench train T=512 batch 64, all modes, profile"
+    timeout 400 $bin bench train --device cuda --runs 10 --profile 3 --no-check 2>&1 \
+        | grep -v "Fastest result" | tee "$out/train_512_profile.txt" | grep -E "^\| (log-linear|transformer)|^\| \*\*"
+    step "bench train T=8192 batch 4, all modes, profile"
+    timeout 400 $bin bench train --device cuda --runs 10 --seq-len 8192 --batch 4 --profile 3 --no-check 2>&1 \
+        | grep -v "Fastest result" | tee "$out/train_8k_profile.txt" | grep -E "^\| (log-linear|transformer)|^\| \*\*"
     ;;
 *) echo "unknown step $s" ;;
 esac

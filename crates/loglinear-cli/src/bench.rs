@@ -519,83 +519,221 @@ pub fn bench_decode(
     Ok(out)
 }
 
-/// Median training-step time and throughput of the LM for λ modes (and the Transformer).
+/// Settings of `bench train`.
+#[derive(Clone, Debug)]
+pub struct TrainBench {
+    /// Model width (heads of 64).
+    pub d_model: usize,
+    /// Layers.
+    pub layers: usize,
+    /// Sequence length.
+    pub seq_len: usize,
+    /// Batch size.
+    pub batch: usize,
+    /// λ modes and/or `transformer`.
+    pub modes: Vec<String>,
+    /// Timed steps (median).
+    pub runs: usize,
+    /// `bf16` or `full`.
+    pub precision: String,
+    /// `auto`, `chunked` or `fused`.
+    pub form: String,
+    /// Steps to profile kernel by kernel after the timed ones (0: none; GPU builds only).
+    pub profile_steps: usize,
+    /// Before timing, train a small model of each mode for a few steps here and on the CPU in
+    /// f32 and compare the loss curves.
+    pub check: bool,
+}
+
+/// The LM config text of `bench train` for `mode` (a λ mode or `transformer`).
 #[allow(clippy::too_many_arguments)]
-pub fn bench_train(
+fn lm_bench_config(
+    mode: &str,
     d_model: usize,
     layers: usize,
     seq_len: usize,
     batch: usize,
-    modes: &[String],
-    runs: usize,
     precision: &str,
     form: &str,
-    device: &Device,
-) -> Result<String> {
-    use crate::config::{Arch, ExperimentConfig};
+) -> Result<crate::config::ExperimentConfig> {
+    let transformer = mode == "transformer";
+    let text = format!(
+        "name = \"bench\"\n[task.lm]\ndata = \".\"\nseq_len = {seq_len}\n[model]\narch = \"{}\"\nlambda = \"{}\"\n\
+         d_model = {d_model}\nn_layers = {layers}\nheads = {}\nexpand = 1\nd_state = 128\nhead_dim = 64\n\
+         levels = {levels}\nprecision = \"{precision}\"\nform = \"{form}\"\n[train]\nbatch_size = {batch}\n\
+         train_examples = {batch}\noptimizer = \"adamw\"\nweight_decay = 0.1\n",
+        if transformer { "transformer" } else { "mamba2" },
+        if transformer { "linear" } else { mode },
+        (d_model / 64).max(1),
+        levels = num_levels(seq_len).max(15),
+    );
+    crate::config::typed(toml::from_str(&text)?)
+}
+
+/// `[batch, seq_len]` token ids drawn from `seed` (the same on every device).
+fn random_tokens(batch: usize, seq_len: usize, vocab: usize, seed: u64, device: &Device) -> Tensor<2, Int> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let ids: Vec<i64> = (0..batch * seq_len)
+        .map(|_| rng.random_range(0..vocab as i64))
+        .collect();
+    Tensor::from_data(TensorData::new(ids, vec![batch, seq_len]), device)
+}
+
+/// Losses of `steps` AdamW steps of the model of `cfg` on fixed random batches.
+fn loss_curve(cfg: &crate::config::ExperimentConfig, steps: usize, device: &Device) -> Vec<f64> {
+    use crate::model::{Model, masked_cross_entropy};
+    use burn::optim::GradientsParams;
+    let ad = device.clone().autodiff();
+    let mut model = Model::new(cfg, &ad);
+    let mut optim = crate::train::optimizer(&cfg.train);
+    let form = cfg.model.form_on(&ad);
+    let (b, t, v) = (cfg.train.batch_size, cfg.task.seq_len(), cfg.task.vocab_size());
+    (0..steps)
+        .map(|step| {
+            let tokens = random_tokens(b, t + 1, v, step as u64, &ad);
+            let inputs = tokens.clone().narrow(1, 0, t);
+            let targets = tokens.narrow(1, 1, t);
+            let logits = model.forward(inputs, form, false).logits;
+            let (loss, _) = masked_cross_entropy(logits, targets);
+            let value = loss.clone().into_scalar::<f64>();
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(1e-3, model.clone(), grads);
+            value
+        })
+        .collect()
+}
+
+/// Trains a small LM of `mode` for a few steps on `device` as configured (bf16, the fused op
+/// where it runs) and on the CPU in f32 with the chunked form, and compares the losses: speed
+/// paths (fusion, autotuned kernels, the fused op) must not change what is computed.
+fn check_train_step(mode: &str, cfg: &TrainBench, device: &Device) -> Result<String> {
+    const STEPS: usize = 8;
+    let small = |precision: &str, form: &str| lm_bench_config(mode, 128, 2, 128, 4, precision, form);
+    let here = loss_curve(&small(&cfg.precision, &cfg.form)?, STEPS, device);
+    let reference = loss_curve(&small("full", "chunked")?, STEPS, &Device::flex());
+    let worst = here
+        .iter()
+        .zip(&reference)
+        .map(|(a, b)| ((a - b) / b).abs())
+        .fold(0.0f64, |m, x| if x.is_nan() { f64::INFINITY } else { m.max(x) });
+    // bf16 activations round to 2^-8 relative; the loss of a mean over 512 tokens keeps about
+    // that, and 8 AdamW steps at lr 1e-3 barely amplify it. A wrong path (a missing gradient, a
+    // fallback that computes something else) moves the loss by far more after a few steps.
+    let tolerance = if cfg.precision == "bf16" { 2e-2 } else { 1e-3 };
+    let line = format!(
+        "check {mode}: D = 128, 2 layers, T = 128 × 4, {STEPS} AdamW steps, losses here {:.4} → {:.4}, \
+         CPU f32 {:.4} → {:.4}, worst relative difference {worst:.1e} (tolerance {tolerance:.0e})\n",
+        here[0],
+        here[STEPS - 1],
+        reference[0],
+        reference[STEPS - 1]
+    );
+    if worst > tolerance || !worst.is_finite() {
+        bail!("{line}training on this device does not match the CPU reference");
+    }
+    Ok(line)
+}
+
+/// Which core-op path a training step of `model` takes, from the kernels it launches.
+#[cfg(feature = "persistence")]
+fn op_path(step: &mut impl FnMut(), device: &Device) -> String {
+    let profile = crate::profile::KernelProfile::start();
+    step();
+    device.sync().ok();
+    let report = profile.finish();
+    match report.families.get("log-linear op (fused kernels)") {
+        Some(f) => format!("fused kernels ({} launches/step)", f.launches),
+        None => "tensor ops (no fused-op kernel launched)".to_string(),
+    }
+}
+
+/// Median training-step time and throughput of the LM for λ modes (and the Transformer), with
+/// the first step of a fresh model timed on its own (compilation and autotuning of new shapes),
+/// and optionally a kernel-by-kernel profile.
+pub fn bench_train(cfg: &TrainBench, device: &Device) -> Result<String> {
+    use crate::config::Arch;
     use crate::model::{Model, masked_cross_entropy};
     use burn::optim::GradientsParams;
     let vocab = 50257;
+    let (d_model, layers, seq_len, batch) = (cfg.d_model, cfg.layers, cfg.seq_len, cfg.batch);
     let mut out = String::new();
+    if cfg.check && device.clone() != Device::flex() {
+        for mode in &cfg.modes {
+            emit(&mut out, &check_train_step(mode, cfg, device)?);
+        }
+    }
     emit(
         &mut out,
         &format!(
-            "training step (forward, loss, backward, AdamW), D = {d_model}, {layers} layers, T = {seq_len}, batch {batch}, \
-         vocab {vocab}, precision {precision}, core op {form}, on {device:?}; median of {runs} steps \
-         after 2 warm-up steps\n\n\
-         | model | ms/step | tokens/s | params | memory reserved |\n|---|---|---|---|---|\n"
+            "\ntraining step (forward, loss, backward, AdamW), D = {d_model}, {layers} layers, T = {seq_len}, batch {batch}, \
+         vocab {vocab}, precision {}, core op {}, on {device:?}; median of {} steps \
+         after 2 warm-up steps; TFLOP/s = 6 · parameters · tokens / step time\n\n\
+         | model | ms/step | tokens/s | TFLOP/s | first step s | params | memory reserved |\n|---|---|---|---|---|---|---|\n",
+            cfg.precision, cfg.form, cfg.runs
         ),
     );
     let ad = device.clone().autodiff();
-    for mode in modes {
-        let text = format!(
-            "name = \"bench\"\n[task.lm]\ndata = \".\"\nseq_len = {seq_len}\n[model]\narch = \"{}\"\nlambda = \"{}\"\nd_model = {d_model}\nn_layers = {layers}\nheads = {}\nexpand = 1\nd_state = 128\nhead_dim = 64\nlevels = {levels}\nprecision = \"{precision}\"\nform = \"{form}\"\n[train]\nbatch_size = {batch}\ntrain_examples = {batch}\n",
-            if mode == "transformer" {
-                "transformer"
-            } else {
-                "mamba2"
-            },
-            if mode == "transformer" {
-                "linear"
-            } else {
-                mode.as_str()
-            },
-            d_model / 64,
-            levels = num_levels(seq_len).max(15),
-        );
-        let cfg: ExperimentConfig = crate::config::typed(toml::from_str(&text)?)?;
-        let arch_name = if cfg.model.arch == Arch::Transformer {
-            "transformer (softmax)".to_string()
-        } else {
-            format!("log-linear Mamba-2, λ {mode}, {}", cfg.model.form_on(&ad))
-        };
-        let mut model = Model::new(&cfg, &ad);
+    for mode in &cfg.modes {
+        let started = Instant::now();
+        let run_cfg = lm_bench_config(mode, d_model, layers, seq_len, batch, &cfg.precision, &cfg.form)?;
+        let form = run_cfg.model.form_on(&ad);
+        let mut model = Model::new(&run_cfg, &ad);
         let params = burn::module::Module::num_params(&model);
-        let mut optim = crate::train::optimizer(&cfg.train);
-        let ids: Vec<i64> = (0..batch * seq_len)
-            .map(|i| (i * 7919 % vocab) as i64)
-            .collect();
-        let inputs =
-            Tensor::<2, Int>::from_data(TensorData::new(ids.clone(), vec![batch, seq_len]), &ad);
-        let targets = Tensor::<2, Int>::from_data(TensorData::new(ids, vec![batch, seq_len]), &ad);
-        let form = cfg.model.form_on(&ad);
+        let mut optim = crate::train::optimizer(&run_cfg.train);
+        let tokens = random_tokens(batch, seq_len + 1, vocab, 0, &ad);
+        let inputs = tokens.clone().narrow(1, 0, seq_len);
+        let targets = tokens.narrow(1, 1, seq_len);
         let mut step = || {
             let logits = model.forward(inputs.clone(), form, false).logits;
             let (loss, _) = masked_cross_entropy(logits, targets.clone());
             let grads = GradientsParams::from_grads(loss.backward(), &model);
             model = optim.step(1e-4, model.clone(), grads);
         };
-        let ms = time_ms(2, runs, device, &mut step);
+        step();
+        device.sync().ok();
+        let first = started.elapsed().as_secs_f64();
+        let ms = time_ms(2, cfg.runs, device, &mut step);
         let reserved = device.memory_pool_usage().map_or("n/a".to_string(), |u| {
             format!("{:.2} GiB", u.bytes_reserved as f64 / (1u64 << 30) as f64)
         });
+        let arch_name = if run_cfg.model.arch == Arch::Transformer {
+            "transformer (softmax)".to_string()
+        } else {
+            #[cfg(feature = "persistence")]
+            let path = op_path(&mut step, device);
+            #[cfg(not(feature = "persistence"))]
+            let path = format!("{form}");
+            format!("log-linear Mamba-2, λ {mode}, {form}: {path}")
+        };
+        let tokens_per_s = (batch * seq_len) as f64 / (ms / 1e3);
         emit(
             &mut out,
             &format!(
-                "| {arch_name} | {ms:.1} | {:.0} | {params} | {reserved} |\n",
-                (batch * seq_len) as f64 / (ms / 1e3)
+                "| {arch_name} | {ms:.1} | {tokens_per_s:.0} | {:.1} | {first:.1} | {params} | {reserved} |\n",
+                6.0 * params as f64 * tokens_per_s / 1e12
             ),
         );
+        if cfg.profile_steps > 0 {
+            emit(&mut out, &profile_steps(&mut step, cfg.profile_steps, ms, device)?);
+        }
     }
     Ok(out)
+}
+
+/// Profiles `steps` calls of `step` kernel by kernel (GPU builds).
+#[cfg(feature = "persistence")]
+fn profile_steps(step: &mut impl FnMut(), steps: usize, wall_ms: f64, device: &Device) -> Result<String> {
+    device.sync().ok();
+    let profile = crate::profile::KernelProfile::start();
+    for _ in 0..steps {
+        step();
+    }
+    device.sync().ok();
+    Ok(profile.finish().table(steps, wall_ms, 25) + "\n")
+}
+
+#[cfg(not(feature = "persistence"))]
+fn profile_steps(_: &mut impl FnMut(), _: usize, _: f64, _: &Device) -> Result<String> {
+    bail!("--profile needs a GPU build (`--features cuda`)")
 }

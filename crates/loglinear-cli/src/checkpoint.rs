@@ -3,22 +3,24 @@
 //!
 //! Layout of a run directory:
 //! ```text
-//! checkpoints/ckpt-00000500/{model.safetensors, optimizer.bpk, state.json}
+//! checkpoints/ckpt-00000500/{model.safetensors, optimizer.safetensors, state.json}
 //! checkpoints/latest            name of the newest complete checkpoint
 //! best/{model.safetensors, state.json}
 //! ```
 //! A checkpoint is first written into a temporary folder, renamed into place, and only then
 //! named in `latest` (itself replaced by rename); older checkpoints are deleted afterwards.
 
+use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, anyhow};
-use burn::optim::ModuleOptimizer;
+use anyhow::{Context, Result, anyhow, bail};
 use burn::store::{ModuleSnapshot, SafetensorsStore};
+use burn::tensor::{DType, TensorData};
 use serde::{Deserialize, Serialize};
 
 use crate::model::Model;
+use crate::optim::Adam;
 
 /// Training progress stored beside the weights.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -82,11 +84,62 @@ pub fn checkpoint_root(run_dir: &Path) -> PathBuf {
     run_dir.join("checkpoints")
 }
 
-/// Writes a complete resumable checkpoint and makes it the latest.
+/// Writes f32 tensors as a safetensors file.
+pub fn save_tensors(path: &Path, tensors: &[(String, TensorData)]) -> Result<()> {
+    let views = tensors
+        .iter()
+        .map(|(name, data)| {
+            let view = safetensors::tensor::TensorView::new(
+                safetensors::Dtype::F32,
+                data.shape().to_vec(),
+                data.as_bytes(),
+            )
+            .map_err(|e| anyhow!("tensor {name}: {e}"))?;
+            Ok((name.clone(), view))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let bytes = safetensors::tensor::serialize(views, &None)
+        .map_err(|e| anyhow!("cannot serialise {}: {e}", path.display()))?;
+    write_atomic(path, &bytes)
+}
+
+/// Reads the f32 tensors of a safetensors file written by [`save_tensors`].
+pub fn load_tensors(path: &Path) -> Result<HashMap<String, TensorData>> {
+    let bytes = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let file = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| anyhow!("{} is not a safetensors file: {e}", path.display()))?;
+    file.tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            if view.dtype() != safetensors::Dtype::F32 {
+                bail!("{}: tensor {name} is {:?}, expected F32", path.display(), view.dtype());
+            }
+            let data = TensorData::from_bytes_vec(view.data().to_vec(), view.shape().to_vec(), DType::F32);
+            Ok((name, data))
+        })
+        .collect()
+}
+
+/// Loads the optimiser state of checkpoint `dir` into replica `replica` of `optim` (with the
+/// checkpoint's step as its step count): the map of [`Adam::replica_state`].
+pub fn read_optimizer_state(dir: &Path) -> Result<HashMap<String, TensorData>> {
+    let path = dir.join("optimizer.safetensors");
+    if !path.exists() && dir.join("optimizer.bpk").exists() {
+        bail!(
+            "{} was written by an older loglinear (Burn's optimizer.bpk); it cannot be resumed: \
+             start the run afresh in a new folder",
+            dir.display()
+        );
+    }
+    load_tensors(&path)
+}
+
+/// Writes a complete resumable checkpoint and makes it the latest: the weights, the optimiser
+/// state of the run (`optim_state`, as [`Adam::replica_state`] gives it) and `state`.
 pub fn save_checkpoint(
     run_dir: &Path,
     model: &Model,
-    optim: &ModuleOptimizer,
+    optim_state: &[(String, TensorData)],
     state: &TrainState,
 ) -> Result<()> {
     let root = checkpoint_root(run_dir);
@@ -98,9 +151,7 @@ pub fn save_checkpoint(
     }
     fs::create_dir_all(&tmp)?;
     save_weights(model, &tmp.join("model.safetensors"))?;
-    optim
-        .save(tmp.join("optimizer.bpk"))
-        .map_err(|e| anyhow!("cannot save optimiser state: {e}"))?;
+    save_tensors(&tmp.join("optimizer.safetensors"), optim_state)?;
     fs::write(tmp.join("state.json"), serde_json::to_vec_pretty(state)?)?;
     let dest = root.join(&name);
     if dest.exists() {
@@ -140,18 +191,18 @@ pub fn latest_checkpoint(run_dir: &Path) -> Result<Option<PathBuf>> {
     Ok(Some(dir))
 }
 
-/// Loads a checkpoint into a freshly built model and optimiser of the same config.
-pub fn load_checkpoint(
-    dir: &Path,
-    model: &mut Model,
-    optim: ModuleOptimizer,
-) -> Result<(ModuleOptimizer, TrainState)> {
+/// Loads a checkpoint into a freshly built model and optimiser (one run) of the same config.
+pub fn load_checkpoint(dir: &Path, model: &mut Model, optim: &mut Adam) -> Result<TrainState> {
     load_weights(model, &dir.join("model.safetensors"))?;
-    let optim = optim
-        .load(dir.join("optimizer.bpk"))
-        .map_err(|e| anyhow!("cannot load optimiser state from {}: {e}", dir.display()))?;
+    let moments = read_optimizer_state(dir)?;
     let state = read_state(&dir.join("state.json"))?;
-    Ok((optim, state))
+    let device = burn::module::Module::devices(model)
+        .into_iter()
+        .next()
+        .ok_or_else(|| anyhow!("the model has no parameters"))?;
+    optim.load_state(&[Some(moments)], &device);
+    optim.set_time(0, state.step);
+    Ok(state)
 }
 
 /// Reads a `state.json`.

@@ -28,7 +28,14 @@ pub fn run(out: &Path, overrides: &[String], device_name: &str) -> Result<()> {
             .join("; "),
         out.display()
     );
-    let rows = sweep::run_sweep(&file, &runs, device_name, 1, true)?;
+    let rows = sweep::run_sweep(
+        &file,
+        &runs,
+        &sweep::SweepOptions {
+            device: device_name.to_string(),
+            ..Default::default()
+        },
+    )?;
     println!();
     print!("{}", std::fs::read_to_string(runs.join("summary.md"))?);
     // λ of the first MLP-softplus run, and the curves; then both modes side by side.

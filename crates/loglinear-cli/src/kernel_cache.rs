@@ -1,5 +1,6 @@
-//! The on-disk cache of compiled GPU kernels and autotune results (builds with `persistence`,
-//! implied by `cuda`): without it every process spends its first minute compiling kernels.
+//! CubeCL's run-time settings for GPU runs: the on-disk cache of compiled kernels and autotune
+//! results (builds with `persistence`, implied by `cuda`; without it every process spends its
+//! first minute compiling kernels) and the autotune level.
 //!
 //! Location: `$LOGLINEAR_KERNEL_CACHE` if set, else `$XDG_CACHE_HOME/loglinear/kernels`, else
 //! `~/.cache/loglinear/kernels`. Clear it with `rm -rf` of that directory (it is rebuilt on
@@ -37,18 +38,58 @@ fn user_config_exists() -> bool {
     }
 }
 
-/// Turns the persistent cache on (before any device is opened); a no-op when a user
-/// configuration file exists or the configuration was already read.
+/// The autotune level of GPU runs: `$LOGLINEAR_AUTOTUNE_LEVEL` (minimal, balanced, extensive,
+/// full) if set, else [`DEFAULT_AUTOTUNE_LEVEL`].
+#[cfg(feature = "persistence")]
+fn autotune_level() -> cubecl::config::autotune::AutotuneLevel {
+    use cubecl::config::autotune::AutotuneLevel;
+    let parse = |name: &str| match name {
+        "minimal" => Some(AutotuneLevel::Minimal),
+        "balanced" => Some(AutotuneLevel::Balanced),
+        "extensive" => Some(AutotuneLevel::Extensive),
+        "full" => Some(AutotuneLevel::Full),
+        _ => None,
+    };
+    let default = parse(DEFAULT_AUTOTUNE_LEVEL).expect("a valid default level");
+    match std::env::var("LOGLINEAR_AUTOTUNE_LEVEL") {
+        Err(_) => default,
+        Ok(name) => parse(&name).unwrap_or_else(|| {
+            eprintln!(
+                "warning: LOGLINEAR_AUTOTUNE_LEVEL={name:?} is not one of minimal, balanced, \
+                 extensive, full; using {DEFAULT_AUTOTUNE_LEVEL}"
+            );
+            default
+        }),
+    }
+}
+
+/// Autotune level when none is asked for (see the README's GPU section for the measurement
+/// behind it).
+pub const DEFAULT_AUTOTUNE_LEVEL: &str = "balanced";
+
+/// Configures CubeCL before any device is opened: the persistent cache of compiled kernels and
+/// autotune results, the autotune level, and one stderr line per tuned operation (what was tuned
+/// and the winner), so a cold first run shows why it waits. `CUBECL_*` environment variables
+/// still apply. A no-op when a user configuration file exists or the configuration was already
+/// read.
 #[cfg(feature = "persistence")]
 pub fn enable() {
+    use cubecl::config::autotune::AutotuneLogLevel;
     use cubecl::config::cache::CacheConfig;
     use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
     if user_config_exists() {
         return;
     }
-    let mut config = CubeClRuntimeConfig::default();
+    let mut config = CubeClRuntimeConfig::default().override_from_env();
     config.compilation.cache = true;
     config.environment.path = CacheConfig::Directory(cache_dir());
+    config.autotune.level = autotune_level();
+    if std::env::var_os("CUBECL_DEBUG_LOG").is_none()
+        && std::env::var("LOGLINEAR_AUTOTUNE_LOG").map_or(true, |v| v != "0")
+    {
+        config.autotune.logger.level = AutotuneLogLevel::Minimal;
+        config.autotune.logger.stderr = true;
+    }
     let _ = CubeClRuntimeConfig::try_set(config);
 }
 

@@ -10,6 +10,10 @@ pub mod device;
 pub mod generate;
 pub mod kernel_cache;
 pub mod model;
+pub mod optim;
+pub mod pack;
+#[cfg(feature = "persistence")]
+pub mod profile;
 pub mod report;
 pub mod sweep;
 pub mod tasks;

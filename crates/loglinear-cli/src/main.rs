@@ -31,6 +31,10 @@ enum Command {
     Sweep(SweepArgs),
     /// Rebuild a sweep directory's summary.md, summary.csv and plots from its finished runs.
     Summarize(SummarizeArgs),
+    /// Train several sweep runs as one pack (started by `sweep --jobs N`; each folder holds its
+    /// run's `point.toml`).
+    #[command(hide = true)]
+    TrainPack(TrainPackArgs),
     /// Plot what λ learned in one or more runs, and their training curves.
     Viz(VizArgs),
     /// The main job: a small MQAR comparison of linear vs MLP-softplus λ on the CPU.
@@ -175,6 +179,14 @@ enum BenchCommand {
         /// on tensor cores, else chunked), chunked or fused.
         #[arg(long, default_value = "auto")]
         form: String,
+        /// After timing, profile this many steps kernel by kernel (device time per kernel
+        /// family, idle time between kernels, the costliest kernels; GPU builds).
+        #[arg(long, default_value_t = 0)]
+        profile: usize,
+        /// Skip the check that a small model trained here follows the CPU f32 loss curve
+        /// (run before timing on every device but the CPU).
+        #[arg(long)]
+        no_check: bool,
         /// Device: cpu, cuda[:N] or wgpu.
         #[arg(long, default_value = "cpu")]
         device: String,
@@ -188,9 +200,24 @@ struct SweepArgs {
     /// Sweep directory (default runs/<name>).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Runs at a time (child processes; e.g. several small runs sharing one GPU).
+    /// Processes at a time (child processes, each a run or a pack).
     #[arg(long, default_value_t = 1)]
     jobs: usize,
+    /// Runs trained together as one batched model (runs whose tensor shapes agree: seeds, λ modes
+    /// of one parameter layout, learning rates, K, ...); 1 trains every run alone. Default: as
+    /// many as fit in the GPU's memory, 1 on the CPU.
+    #[arg(long)]
+    pack: Option<usize>,
+}
+
+#[derive(Args, Debug)]
+struct TrainPackArgs {
+    /// Run folders, each holding the run's resolved config as `point.toml` (written by `sweep`).
+    #[arg(required = true)]
+    runs: Vec<PathBuf>,
+    /// Device: cpu, cuda[:N] or wgpu.
+    #[arg(long, default_value = "cpu")]
+    device: String,
 }
 
 #[derive(Args, Debug)]
@@ -365,9 +392,49 @@ fn run_sweep(args: SweepArgs) -> Result<()> {
         .map(|c| c.name)
         .unwrap_or_else(|_| "sweep".into());
     let out = args.out.unwrap_or_else(|| PathBuf::from("runs").join(name));
-    let rows = sweep::run_sweep(&file, &out, &args.common.device, args.jobs, true)?;
+    let opts = sweep::SweepOptions {
+        device: args.common.device.clone(),
+        jobs: args.jobs,
+        pack: args.pack,
+        progress: true,
+    };
+    let rows = sweep::run_sweep(&file, &out, &opts)?;
     print!("{}", std::fs::read_to_string(out.join("summary.md"))?);
     println!("\n{} settings summarised in {}", rows.len(), out.display());
+    Ok(())
+}
+
+fn run_train_pack(args: TrainPackArgs) -> Result<()> {
+    let runs = args
+        .runs
+        .iter()
+        .map(|dir| {
+            let point = dir.join("point.toml");
+            let text = std::fs::read_to_string(&point)
+                .with_context(|| format!("cannot read {}", point.display()))?;
+            let config = loglinear_cli::config::typed(
+                toml::from_str(&text).with_context(|| format!("{} is not TOML", point.display()))?,
+            )?;
+            Ok(loglinear_cli::pack::PackRun {
+                config,
+                out: dir.clone(),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let opts = loglinear_cli::pack::PackOptions {
+        device: parse_device(&args.device)?,
+        progress: false,
+        stop_after: None,
+    };
+    let results = loglinear_cli::pack::train_pack(&runs, &opts)?;
+    let failed: Vec<String> = runs
+        .iter()
+        .zip(&results)
+        .filter_map(|(r, res)| res.as_ref().err().map(|e| format!("{}: {e:#}", r.out.display())))
+        .collect();
+    if !failed.is_empty() {
+        anyhow::bail!("{} runs of the pack failed: {}", failed.len(), failed.join("; "));
+    }
     Ok(())
 }
 
@@ -460,16 +527,22 @@ fn run_bench(cmd: BenchCommand) -> Result<()> {
             runs,
             precision,
             form,
+            profile,
+            no_check,
             device,
         } => bench::bench_train(
-            d_model,
-            layers,
-            seq_len,
-            batch,
-            &modes,
-            runs,
-            &precision,
-            &form,
+            &bench::TrainBench {
+                d_model,
+                layers,
+                seq_len,
+                batch,
+                modes,
+                runs,
+                precision,
+                form,
+                profile_steps: profile,
+                check: !no_check,
+            },
             &parse_device(&device)?,
         )?,
     };
@@ -508,6 +581,7 @@ fn main() {
         Command::Train(args) => run_train(args),
         Command::Eval(args) => run_eval(args),
         Command::Sweep(args) => run_sweep(args),
+        Command::TrainPack(args) => run_train_pack(args),
         Command::Summarize(args) => run_summarize(args),
         Command::Viz(args) => run_viz(args),
         Command::Data(DataCommand::Prepare(args)) => loglinear_cli::data::run_prepare(&args),

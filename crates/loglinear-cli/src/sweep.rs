@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use burn::prelude::Device;
+
 use crate::config::{ConfigFile, ExperimentConfig};
+use crate::pack::{PackOptions, PackRun, pack_key};
 use crate::report::{self, LineOpts, Series};
 use crate::train::{self, RunOptions, RunSummary};
 
@@ -35,16 +38,40 @@ pub struct SweepIndex {
     pub points: Vec<SweepPoint>,
 }
 
+/// How a sweep runs its points.
+#[derive(Clone, Debug)]
+pub struct SweepOptions {
+    /// Device name (`cpu`, `cuda[:N]`, `wgpu`).
+    pub device: String,
+    /// Processes at a time (each a run or a pack).
+    pub jobs: usize,
+    /// Runs per pack (1: every run alone); `None`: as many compatible runs as fit in the
+    /// device's memory on a GPU, 1 on the CPU.
+    pub pack: Option<usize>,
+    /// Show progress bars.
+    pub progress: bool,
+}
+
+impl Default for SweepOptions {
+    fn default() -> Self {
+        Self {
+            device: "cpu".into(),
+            jobs: 1,
+            pack: None,
+            progress: true,
+        }
+    }
+}
+
+/// A point still to run: its index, name, folder and config.
+type Todo = (usize, String, PathBuf, ExperimentConfig);
+
 /// Runs every point of `file`'s sweep under `out`, skipping finished runs and resuming
-/// interrupted ones; `jobs > 1` runs that many points at once as child processes (each writes
-/// its log to `<run>/train.log`). Then summarises.
-pub fn run_sweep(
-    file: &ConfigFile,
-    out: &Path,
-    device: &str,
-    jobs: usize,
-    progress: bool,
-) -> Result<Vec<SummaryRow>> {
+/// interrupted ones. Points that differ only in values that leave the tensor shapes alone
+/// (seed, learning rate, λ mode of one parameter layout, K, ...) train together as packs
+/// ([`crate::pack`]); `jobs > 1` runs that many runs or packs at once as child processes (each
+/// writes its log to its runs' `train.log`). Then summarises.
+pub fn run_sweep(file: &ConfigFile, out: &Path, opts: &SweepOptions) -> Result<Vec<SummaryRow>> {
     let points = file.expand()?;
     fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let keys: Vec<String> = file.sweep.iter().map(|(k, _)| k.clone()).collect();
@@ -60,7 +87,7 @@ pub fn run_sweep(
     }
     crate::checkpoint::write_atomic(&out.join("sweep.json"), &serde_json::to_vec_pretty(&index)?)?;
     let total = points.len();
-    let mut todo = Vec::new();
+    let mut todo: Vec<Todo> = Vec::new();
     for (i, (name, config)) in points.into_iter().enumerate() {
         let dir = out.join(&name);
         if is_finished(&dir, &config)? {
@@ -73,58 +100,181 @@ pub fn run_sweep(
         };
         todo.push((i, name, dir, config));
     }
-    if jobs <= 1 {
-        let device = crate::device::parse_device(device)?;
-        for (i, name, dir, config) in todo {
-            eprintln!("[{}/{total}] {name}", i + 1);
-            let opts = RunOptions {
-                out: dir,
+    let device = crate::device::parse_device(&opts.device)?;
+    let size = match opts.pack {
+        Some(n) => n.max(1),
+        None => default_pack_size(&todo, &device)?,
+    };
+    let packs = group_packs(todo, size);
+    let count = packs.len();
+    for (k, pack) in packs.iter().enumerate() {
+        if pack.len() > 1 {
+            let names: Vec<&str> = pack.iter().map(|p| p.1.as_str()).collect();
+            eprintln!(
+                "pack {}/{count}: {} runs share one process: {}",
+                k + 1,
+                pack.len(),
+                names.join(" | ")
+            );
+        }
+    }
+    if opts.jobs <= 1 {
+        let mut failed = Vec::new();
+        for pack in packs {
+            if pack.len() == 1 {
+                let (i, name, dir, config) = pack.into_iter().next().expect("one run");
+                eprintln!("[{}/{total}] {name}", i + 1);
+                let run = RunOptions {
+                    out: dir,
+                    device: device.clone(),
+                    resume: true,
+                    progress: opts.progress,
+                    stop_after: None,
+                };
+                train::train(&config, &run).with_context(|| format!("sweep run {name}"))?;
+                continue;
+            }
+            let runs: Vec<PackRun> = pack
+                .iter()
+                .map(|(_, _, dir, config)| PackRun {
+                    config: config.clone(),
+                    out: dir.clone(),
+                })
+                .collect();
+            let pack_opts = PackOptions {
                 device: device.clone(),
-                resume: true,
-                progress,
+                progress: opts.progress,
                 stop_after: None,
             };
-            train::train(&config, &opts).with_context(|| format!("sweep run {name}"))?;
+            for ((_, name, _, _), result) in pack.iter().zip(crate::pack::train_pack(&runs, &pack_opts)?) {
+                if let Err(e) = result {
+                    eprintln!("{name}: FAILED: {e:#}");
+                    failed.push(name.clone());
+                }
+            }
+        }
+        if !failed.is_empty() {
+            anyhow::bail!("{} sweep runs failed: {}", failed.len(), failed.join("; "));
         }
     } else {
-        run_children(todo, total, device, jobs)?;
+        run_children(packs, total, &opts.device, opts.jobs)?;
     }
     summarise(out)
 }
 
-/// Runs sweep points as `loglinear train` child processes, `jobs` at a time.
-fn run_children(
-    todo: Vec<(usize, String, PathBuf, ExperimentConfig)>,
-    total: usize,
-    device: &str,
-    jobs: usize,
-) -> Result<()> {
+/// Groups runs into packs of at most `size`: runs of one [`pack_key`], in sweep order; runs
+/// without a key (language models) alone.
+fn group_packs(todo: Vec<Todo>, size: usize) -> Vec<Vec<Todo>> {
+    let mut groups: Vec<(Option<String>, Vec<Todo>)> = Vec::new();
+    for point in todo {
+        let key = (size > 1).then(|| pack_key(&point.3)).flatten();
+        match groups
+            .iter_mut()
+            .find(|(k, g)| key.is_some() && *k == key && g.len() < size)
+        {
+            Some((_, g)) => g.push(point),
+            None => groups.push((key, vec![point])),
+        }
+    }
+    groups.into_iter().map(|(_, g)| g).collect()
+}
+
+/// Runs per pack when `--pack` is not given: 1 on the CPU; on a GPU, as many as fit in 60 % of
+/// its memory, from the memory one training step of a pack of two takes there.
+fn default_pack_size(todo: &[Todo], device: &Device) -> Result<usize> {
+    if todo.len() < 2 || !is_gpu(device) {
+        return Ok(1);
+    }
+    let Some(first) = todo.iter().find(|p| pack_key(&p.3).is_some()) else {
+        return Ok(1);
+    };
+    let per_replica = crate::pack::measure_replica_bytes(&first.3, device)?;
+    let capacity = memory_capacity(device);
+    let size = match capacity {
+        Some(cap) => ((0.6 * cap as f64) / per_replica.max(1) as f64).floor() as usize,
+        None => 8,
+    }
+    .clamp(1, 256);
+    eprintln!(
+        "packing: one replica takes {:.0} MiB in a training step; device memory {}; up to {size} runs per pack \
+         (--pack N to choose)",
+        per_replica as f64 / (1u64 << 20) as f64,
+        capacity.map_or("unknown".to_string(), |c| format!("{:.0} GiB", c as f64 / (1u64 << 30) as f64))
+    );
+    Ok(size)
+}
+
+fn is_gpu(device: &Device) -> bool {
+    #[cfg(feature = "kernels")]
+    {
+        loglinear::kernels::is_cube_device(device)
+    }
+    #[cfg(not(feature = "kernels"))]
+    {
+        let _ = device;
+        false
+    }
+}
+
+fn memory_capacity(device: &Device) -> Option<u64> {
+    #[cfg(feature = "kernels")]
+    {
+        loglinear::kernels::memory_capacity(device)
+    }
+    #[cfg(not(feature = "kernels"))]
+    {
+        let _ = device;
+        None
+    }
+}
+
+/// Runs packs as child processes, `jobs` at a time: a single run as `loglinear train`, a pack as
+/// `loglinear train-pack` over its runs' folders (each run's resolved config in its
+/// `point.toml`, the log in its `train.log`).
+fn run_children(packs: Vec<Vec<Todo>>, total: usize, device: &str, jobs: usize) -> Result<()> {
     let exe = std::env::current_exe().context("cannot find the loglinear binary to start runs")?;
-    let mut queue = todo.into_iter();
+    let mut queue = packs.into_iter();
     let mut running: Vec<(String, std::process::Child)> = Vec::new();
     let mut failed = Vec::new();
     loop {
         while running.len() < jobs {
-            let Some((i, name, dir, config)) = queue.next() else {
+            let Some(pack) = queue.next() else {
                 break;
             };
-            fs::create_dir_all(&dir)?;
-            let point = dir.join("point.toml");
-            crate::checkpoint::write_atomic(&point, toml::to_string_pretty(&config)?.as_bytes())?;
+            for (_, _, dir, config) in &pack {
+                fs::create_dir_all(dir)?;
+                let point = dir.join("point.toml");
+                crate::checkpoint::write_atomic(&point, toml::to_string_pretty(config)?.as_bytes())?;
+            }
+            let (i, name, dir, _) = &pack[0];
             let log = fs::File::create(dir.join("train.log"))?;
-            let child = std::process::Command::new(&exe)
-                .arg("train")
-                .arg(&point)
-                .arg("--out")
-                .arg(&dir)
-                .arg("--resume")
+            let mut command = std::process::Command::new(&exe);
+            if pack.len() == 1 {
+                command
+                    .arg("train")
+                    .arg(dir.join("point.toml"))
+                    .arg("--out")
+                    .arg(dir)
+                    .arg("--resume");
+            } else {
+                command.arg("train-pack");
+                for (_, _, dir, _) in &pack {
+                    command.arg(dir);
+                }
+            }
+            let child = command
                 .args(["--device", device])
                 .stdout(log.try_clone()?)
                 .stderr(log)
                 .spawn()
                 .with_context(|| format!("cannot start the run {name}"))?;
-            eprintln!("[{}/{total}] {name}: started", i + 1);
-            running.push((name, child));
+            let label = if pack.len() == 1 {
+                name.clone()
+            } else {
+                format!("pack of {} from {name}", pack.len())
+            };
+            eprintln!("[{}/{total}] {label}: started", i + 1);
+            running.push((label, child));
         }
         if running.is_empty() {
             break;

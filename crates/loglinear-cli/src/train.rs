@@ -12,16 +12,17 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
-use burn::optim::{AdamConfig, AdamWConfig, GradientsParams, ModuleOptimizer};
+use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::TensorData;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::checkpoint::{self, TrainState};
-use crate::config::{ExperimentConfig, OptimizerName, Schedule, TrainConfig};
+use crate::config::{ExperimentConfig, Schedule, TrainConfig};
 use crate::data::LmData;
 use crate::model::{Model, masked_cross_entropy};
+use crate::optim::Adam;
 use crate::tasks::{Example, TaskConfig, batch, masked_accuracy};
 
 /// How a run is executed (not part of the experiment itself).
@@ -214,8 +215,8 @@ fn rows_to_tensors(
 
 /// Sums over evaluation batches.
 #[derive(Default)]
-struct Accumulator {
-    correct: usize,
+pub(crate) struct Accumulator {
+    pub(crate) correct: usize,
     scored: usize,
     nll: f64,
     batch_means: Vec<f64>,
@@ -248,7 +249,7 @@ impl Accumulator {
         self.push(loss.into_scalar::<f64>(), n);
     }
 
-    fn finish(self) -> EvalMetrics {
+    pub(crate) fn finish(self) -> EvalMetrics {
         EvalMetrics {
             acc: self.correct as f64 / self.scored.max(1) as f64,
             loss: self.nll / self.scored.max(1) as f64,
@@ -271,7 +272,7 @@ pub fn combine_batches(batches: &[(f64, usize)]) -> (f64, f64) {
 }
 
 impl Accumulator {
-    fn push(&mut self, mean: f64, n: usize) {
+    pub(crate) fn push(&mut self, mean: f64, n: usize) {
         self.scored += n;
         if n > 0 {
             self.nll += mean * n as f64;
@@ -297,29 +298,11 @@ pub fn lr_at(cfg: &TrainConfig, step: usize) -> f64 {
     }
 }
 
-/// The optimiser of a config (weight decay as the config says; clipping is done by
-/// [`clip_global_norm`], as torch's `clip_grad_norm_`, not per tensor).
-pub fn optimizer(cfg: &TrainConfig) -> ModuleOptimizer {
-    match cfg.optimizer {
-        OptimizerName::Adam => {
-            let mut c = AdamConfig::new()
-                .with_beta_1(cfg.beta1 as f32)
-                .with_beta_2(cfg.beta2 as f32)
-                .with_epsilon(cfg.eps as f32);
-            if cfg.weight_decay > 0.0 {
-                c = c.with_weight_decay(Some(burn::optim::decay::WeightDecayConfig::new(
-                    cfg.weight_decay as f32,
-                )));
-            }
-            c.init()
-        }
-        OptimizerName::Adamw => AdamWConfig::new()
-            .with_beta_1(cfg.beta1 as f32)
-            .with_beta_2(cfg.beta2 as f32)
-            .with_epsilon(cfg.eps as f32)
-            .with_weight_decay(cfg.weight_decay as f32)
-            .init(),
-    }
+/// The optimiser of a config: Adam or AdamW with the config's betas, eps and weight decay
+/// ([`crate::optim`]; clipping is done by [`clip_global_norm`], as torch's `clip_grad_norm_`,
+/// not per tensor).
+pub fn optimizer(cfg: &TrainConfig) -> Adam {
+    Adam::single(cfg)
 }
 
 /// The `batch_size` distinct pool indices of `step` (a function of seed and step only).
@@ -412,7 +395,7 @@ pub fn clip_global_norm(model: &Model, grads: &mut GradientsParams, max_norm: Op
 }
 
 /// Appends one JSON line to `metrics.jsonl`.
-fn log_metrics(path: &Path, line: serde_json::Value) -> Result<()> {
+pub(crate) fn log_metrics(path: &Path, line: serde_json::Value) -> Result<()> {
     let mut f = fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -423,7 +406,7 @@ fn log_metrics(path: &Path, line: serde_json::Value) -> Result<()> {
 }
 
 /// Drops metric lines past `step` (written after the checkpoint a resumed run restarts from).
-fn truncate_metrics(path: &Path, step: usize) -> Result<()> {
+pub(crate) fn truncate_metrics(path: &Path, step: usize) -> Result<()> {
     if !path.exists() {
         return Ok(());
     }
@@ -474,9 +457,7 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
     if opts.resume
         && let Some(dir) = checkpoint::latest_checkpoint(out)?
     {
-        let (o, s) = checkpoint::load_checkpoint(&dir, &mut model, optim)?;
-        optim = o;
-        state = s;
+        state = checkpoint::load_checkpoint(&dir, &mut model, &mut optim)?;
         truncate_metrics(&metrics, state.step)?;
     } else if metrics.exists() {
         fs::remove_file(&metrics)?;
@@ -582,7 +563,7 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
             bar.set_message(format!("loss {loss_value:.4} {shown}"));
         }
         if state.step % t.checkpoint_every == 0 || state.step == t.steps || state.stopped_early {
-            checkpoint::save_checkpoint(out, &model, &optim, &state)?;
+            checkpoint::save_checkpoint(out, &model, &optim.replica_state(0), &state)?;
         }
         bar.set_position(state.step as u64);
     }
@@ -595,7 +576,7 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
     Ok(summary)
 }
 
-fn fmt_acc(a: f64) -> String {
+pub(crate) fn fmt_acc(a: f64) -> String {
     if a.is_nan() {
         "-".into()
     } else {
@@ -604,7 +585,7 @@ fn fmt_acc(a: f64) -> String {
 }
 
 /// The run's summary, read back from its metrics (so it is the same after a resume).
-fn summarise(
+pub(crate) fn summarise(
     cfg: &ExperimentConfig,
     out: &Path,
     state: &TrainState,
@@ -656,7 +637,7 @@ pub fn read_metrics(path: &Path) -> Result<Vec<serde_json::Value>> {
         .collect()
 }
 
-fn progress_bar(show: bool, total: usize, pos: usize, name: &str) -> indicatif::ProgressBar {
+pub(crate) fn progress_bar(show: bool, total: usize, pos: usize, name: &str) -> indicatif::ProgressBar {
     if !show {
         return indicatif::ProgressBar::hidden();
     }

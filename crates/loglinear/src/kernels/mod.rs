@@ -362,6 +362,15 @@ pub fn mamba2(x: &LogLinearInput) -> Result<Tensor<4>, String> {
     Ok(Tensor::from_dispatch(o))
 }
 
+/// The memory the device can hold at once, where its runtime says (CUDA does).
+pub fn memory_capacity(device: &Device) -> Option<u64> {
+    match device.clone().inner().as_dispatch() {
+        DispatchDevice::Cube(cube) => cube.client().properties().memory.max_memory(),
+        #[allow(unreachable_patterns)]
+        _ => None,
+    }
+}
+
 /// The shared memory one cube may use on the device of `like`.
 fn max_shared_memory(like: &Tensor<4>) -> usize {
     match like.device().inner().as_dispatch() {

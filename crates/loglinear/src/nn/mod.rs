@@ -4,6 +4,7 @@ pub mod init;
 pub mod lambda;
 pub mod mixer;
 pub mod model;
+pub mod packed;
 pub mod synthetic;
 pub mod transformer;
 
@@ -11,5 +12,6 @@ pub use init::Precision;
 pub use lambda::{LambdaConfig, LambdaMlp, LambdaMode, LevelWeights};
 pub use mixer::{LogLinearMamba2, MixerConfig, MixerOutput, MixerState};
 pub use model::{LmConfig, LmOutput, LogLinearLm, ModelState};
+pub use packed::{PackedSyntheticLm, packable};
 pub use synthetic::{SyntheticConfig, SyntheticLm};
 pub use transformer::{TransformerConfig, TransformerLm, TransformerState};

@@ -1,0 +1,538 @@
+//! Packed training: several runs of one shape trained together as one batched model
+//! ([`PackedSyntheticLm`]: parameters stacked on a replica axis, one batched matmul per layer, the
+//! core op once over replicas × batch). Each replica is the run it would be alone
+//! ([`crate::train::train`]): its own data stream, learning-rate schedule, gradient clipping (per
+//! replica), optimiser state, evaluations, best checkpoint, early stop and NaN guard, and its own
+//! run folder in `train`'s format (`config.toml`, `metrics.jsonl`, `summary.json`, `best/`,
+//! `checkpoints/`), so `summarize`, `eval`, `viz` and `--resume` work on it as on any run, and a
+//! killed pack resumes each replica from its own latest checkpoint.
+//!
+//! The loop mirrors `train::train` step for step; a replica that finishes (its last step, an
+//! early stop, or a non-finite loss) stops changing while the pack runs on.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use burn::module::Module;
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn::tensor::TensorData;
+use burn::tensor::activation::log_softmax;
+use loglinear::nn::PackedSyntheticLm;
+use serde_json::json;
+
+use crate::checkpoint::{self, TrainState};
+use crate::config::{Arch, ExperimentConfig};
+use crate::model::Model;
+use crate::optim::{Adam, Hyper, ReplicaStep};
+use crate::tasks::{Example, IGNORE, batch, masked_accuracy};
+use crate::train::{
+    Accumulator, EvalMetrics, RunData, RunSummary, fmt_acc, log_metrics, lr_at, progress_bar,
+    sample_batch, summarise, truncate_metrics,
+};
+
+/// One run of a pack: its resolved config and its folder.
+#[derive(Clone, Debug)]
+pub struct PackRun {
+    /// The run's config (as `train` would get it).
+    pub config: ExperimentConfig,
+    /// Its run folder.
+    pub out: PathBuf,
+}
+
+/// What decides whether two runs can share a pack: the tensor shapes of their models and of
+/// their batches (training and evaluation), the core-op form and the optimiser family. `None`
+/// for runs that train alone (language models, architectures other than `paper_synthetic`).
+pub fn pack_key(cfg: &ExperimentConfig) -> Option<String> {
+    let cfg = cfg.resolved();
+    if cfg.model.arch != Arch::PaperSynthetic || cfg.task.is_lm() {
+        return None;
+    }
+    let m = &cfg.model;
+    let layout = match m.lambda {
+        loglinear::nn::LambdaMode::Linear => "linear",
+        loglinear::nn::LambdaMode::MlpSoftplus | loglinear::nn::LambdaMode::MlpSoftmax => "mlp",
+        loglinear::nn::LambdaMode::Ones => "ones",
+    };
+    Some(
+        json!({
+            "vocab": cfg.task.vocab_size(),
+            "seq_len": cfg.task.seq_len(),
+            "batch": cfg.train.batch_size,
+            "optimizer": format!("{:?}", cfg.train.optimizer),
+            "model": [m.d_model, m.n_layers, m.heads, m.d_state, m.head_dim, m.mlp_hidden, cfg.levels(), m.chunk],
+            "lambda_layout": layout,
+            "form": format!("{:?}", m.form),
+            "precision": format!("{:?}", m.precision),
+            "eval": [cfg.eval.examples, cfg.eval.batch_size],
+            "test_seq_len": cfg.eval.test_seq_len,
+        })
+        .to_string(),
+    )
+}
+
+/// A replica's progress.
+struct Replica {
+    run: PackRun,
+    data: std::rc::Rc<RunData>,
+    state: TrainState,
+    /// Still training.
+    active: bool,
+    /// Why it stopped early with an error (a non-finite loss).
+    failed: Option<String>,
+    last: (f64, f64),
+    window_steps: usize,
+    window: Instant,
+}
+
+/// Options of a pack.
+#[derive(Clone, Debug)]
+pub struct PackOptions {
+    /// Device to train on.
+    pub device: Device,
+    /// Show a progress bar.
+    pub progress: bool,
+    /// Stop (as if killed) after this many steps of this invocation: for tests of resuming.
+    pub stop_after: Option<usize>,
+}
+
+/// Trains the runs of `runs` (at least one; shapes as [`pack_key`] requires) as one pack, each
+/// resuming from its own latest checkpoint if it has one. Returns each run's summary, or the
+/// error that stopped it (a non-finite loss); the others are unaffected.
+pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<RunSummary>>> {
+    let started = Instant::now();
+    let Some(first) = runs.first() else {
+        return Ok(Vec::new());
+    };
+    let key = pack_key(&first.config);
+    for run in runs {
+        if key.is_none() || pack_key(&run.config) != key {
+            bail!(
+                "{} cannot share a pack with {}: only paper_synthetic runs of equal shapes pack",
+                run.out.display(),
+                first.out.display()
+            );
+        }
+    }
+    let device = opts.device.clone().autodiff();
+    // Pools are shared by runs with the same task, seed and sizes (e.g. runs differing in λ).
+    let mut pools: HashMap<String, std::rc::Rc<RunData>> = HashMap::new();
+    let mut replicas = Vec::new();
+    let mut models = Vec::new();
+    let mut optim_states = Vec::new();
+    for run in runs {
+        let cfg = run.config.resolved();
+        prepare_folder(&cfg, &run.out)?;
+        let pool_key = json!({"task": &cfg.task, "seed": cfg.seed, "train": cfg.train.train_examples,
+            "eval": [cfg.eval.examples, cfg.eval.seed_offset], "test": cfg.eval.test_seq_len})
+        .to_string();
+        let data = match pools.get(&pool_key) {
+            Some(d) => d.clone(),
+            None => {
+                let d = std::rc::Rc::new(RunData::load(&cfg)?);
+                pools.insert(pool_key, d.clone());
+                d
+            }
+        };
+        let mut model = Model::new(&cfg, &device);
+        let metrics = run.out.join("metrics.jsonl");
+        let mut state = TrainState::default();
+        let mut moments = None;
+        if let Some(dir) = checkpoint::latest_checkpoint(&run.out)? {
+            checkpoint::load_weights(&mut model, &dir.join("model.safetensors"))?;
+            moments = Some(checkpoint::read_optimizer_state(&dir)?);
+            state = checkpoint::read_state(&dir.join("state.json"))?;
+            truncate_metrics(&metrics, state.step)?;
+        } else if metrics.exists() {
+            fs::remove_file(&metrics)?;
+        }
+        let Model::PaperSynthetic(synthetic) = model else {
+            unreachable!("pack_key admits paper_synthetic runs only")
+        };
+        models.push(synthetic);
+        optim_states.push(moments);
+        let active = state.step < cfg.train.steps && !state.stopped_early;
+        replicas.push(Replica {
+            run: PackRun {
+                config: cfg,
+                out: run.out.clone(),
+            },
+            data,
+            state,
+            active,
+            failed: None,
+            last: (f64::NAN, f64::NAN),
+            window_steps: 0,
+            window: Instant::now(),
+        });
+    }
+    let params = models[0].num_params();
+    let mut packed = PackedSyntheticLm::stack(&models);
+    drop(models);
+    let hyper: Vec<Hyper> = replicas.iter().map(|r| Hyper::of(&r.run.config.train)).collect();
+    let mut optim = Adam::new(hyper, true);
+    optim.load_state(&optim_states, &device);
+    for (i, r) in replicas.iter().enumerate() {
+        optim.set_time(i, r.state.step);
+    }
+
+    let cfg0 = replicas[0].run.config.clone();
+    let (b, t) = (cfg0.train.batch_size, cfg0.task.seq_len());
+    let form = cfg0.model.form_on(&device);
+    let total_steps = replicas.iter().map(|r| r.run.config.train.steps).max().unwrap_or(0);
+    let bar = progress_bar(
+        opts.progress,
+        total_steps,
+        replicas.iter().map(|r| r.state.step).min().unwrap_or(0),
+        &format!("pack of {}", replicas.len()),
+    );
+    let mut ticks = 0usize;
+    while replicas.iter().any(|r| r.active) {
+        if opts.stop_after.is_some_and(|n| ticks >= n) {
+            bar.abandon();
+            bail!("stopped after {ticks} steps as asked (--stop-after)");
+        }
+        ticks += 1;
+        // 1) Each replica's batch of its own step (a finished one gets an unscored dummy).
+        let mut inputs = Vec::with_capacity(replicas.len() * b * t);
+        let mut targets = Vec::with_capacity(replicas.len() * b * t);
+        let mut lrs = Vec::new();
+        let mut scored = Vec::new();
+        for r in &replicas {
+            let cfg = &r.run.config;
+            if r.active {
+                let (x, y) = host_train_batch(&r.data, cfg, r.state.step)?;
+                scored.push(y.iter().filter(|&&v| v != IGNORE).count());
+                inputs.extend(x);
+                targets.extend(y);
+                lrs.push(lr_at(&cfg.train, r.state.step));
+            } else {
+                inputs.extend(std::iter::repeat_n(0i64, b * t));
+                targets.extend(std::iter::repeat_n(IGNORE, b * t));
+                scored.push(0);
+                lrs.push(0.0);
+            }
+        }
+        let n = replicas.len();
+        let inputs = Tensor::<3, Int>::from_data(TensorData::new(inputs, [n, b, t]), &device);
+        let targets = Tensor::<3, Int>::from_data(TensorData::new(targets, [n, b, t]), &device);
+        // 2) Forward, each replica's masked loss, one backward for the sum (replicas share no
+        //    parameter, so each gets the gradient of its own loss).
+        let logits = packed.run(inputs, form);
+        let losses = replica_cross_entropy(logits, targets, &scored);
+        let loss_values: Vec<f64> = losses
+            .clone()
+            .into_data()
+            .convert::<f64>()
+            .try_to_vec::<f64>()
+            .expect("losses");
+        for (i, r) in replicas.iter_mut().enumerate() {
+            if r.active && !loss_values[i].is_finite() {
+                r.active = false;
+                r.failed = Some(format!(
+                    "the loss became {} at step {}; stopping. The last good checkpoint (step {}) is \
+                     kept in {}: lower train.lr or set train.grad_clip and resume",
+                    loss_values[i],
+                    r.state.step,
+                    checkpoint::latest_checkpoint(&r.run.out)?
+                        .and_then(|d| checkpoint::read_state(&d.join("state.json")).ok())
+                        .map_or(0, |s| s.step),
+                    checkpoint::checkpoint_root(&r.run.out).display()
+                ));
+                eprintln!("{}: {}", r.run.out.display(), r.failed.as_deref().unwrap_or(""));
+            }
+        }
+        let active: Vec<bool> = replicas.iter().map(|r| r.active).collect();
+        let grads = GradientsParams::from_grads(losses.sum().backward(), &packed);
+        // 3) Per-replica global-norm clipping, then the step of every active replica.
+        let norms = crate::optim::replica_grad_norms(&packed, &grads, n);
+        let grad_scale: Vec<f64> = replicas
+            .iter()
+            .zip(&norms)
+            .map(|(r, &norm)| match r.run.config.train.grad_clip {
+                Some(max) if norm > max && norm.is_finite() => max / (norm + 1e-6),
+                _ => 1.0,
+            })
+            .collect();
+        let step = ReplicaStep {
+            lr: lrs.clone(),
+            grad_scale,
+            active: active.clone(),
+        };
+        packed = optim.step_replicas(packed, grads, &step);
+
+        // 4) Each replica's bookkeeping, as `train` does it: log, evaluate, keep the best,
+        //    stop early, checkpoint.
+        let mut due_eval = vec![false; n];
+        for (i, r) in replicas.iter_mut().enumerate() {
+            if !active[i] {
+                continue;
+            }
+            let cfg = &r.run.config;
+            r.state.step += 1;
+            r.window_steps += 1;
+            let s = r.state.step;
+            if s % cfg.train.log_every == 0 || s == cfg.train.steps {
+                let secs = r.window.elapsed().as_secs_f64().max(1e-9);
+                let tps = (b * t) as f64 * r.window_steps as f64 / secs;
+                log_metrics(
+                    &r.run.out.join("metrics.jsonl"),
+                    json!({"step": s, "loss": loss_values[i], "lr": lrs[i], "grad_norm": norms[i], "tokens_per_s": tps}),
+                )?;
+                r.window = Instant::now();
+                r.window_steps = 0;
+            }
+            due_eval[i] = s % cfg.eval.every == 0 || s == cfg.train.steps;
+        }
+        if due_eval.iter().any(|&d| d) {
+            let valid = packed.valid();
+            let eval = evaluate_pack(&valid, &replicas, false, &opts.device)?;
+            let test = if cfg0.eval.test_seq_len.is_some() {
+                Some(evaluate_pack(&valid, &replicas, true, &opts.device)?)
+            } else {
+                None
+            };
+            for (i, r) in replicas.iter_mut().enumerate() {
+                if !due_eval[i] {
+                    continue;
+                }
+                let e = eval[i];
+                let test = test.as_ref().map(|t| t[i]);
+                r.last = (e.acc, e.loss);
+                let mut line = json!({"step": r.state.step, "eval_acc": e.acc, "eval_loss": e.loss});
+                if let Some(test) = test {
+                    line["test_acc"] = json!(test.acc);
+                    line["test_loss"] = json!(test.loss);
+                }
+                log_metrics(&r.run.out.join("metrics.jsonl"), line)?;
+                if r.state.best_acc.is_none_or(|best| e.acc > best) {
+                    r.state.best_acc = Some(e.acc);
+                    r.state.best_step = Some(r.state.step);
+                    r.state.best_loss = Some(e.loss);
+                    r.state.best_test_acc = test.map(|x| x.acc);
+                    r.state.best_batch_mean_loss = Some(e.batch_mean_loss);
+                    checkpoint::save_best(&r.run.out, &replica_model(&packed, i), &r.state)?;
+                }
+                let cfg = &r.run.config;
+                if cfg.eval.early_stop_acc.is_some_and(|thr| e.acc >= thr) {
+                    r.state.stopped_early = true;
+                }
+                let since_best =
+                    (r.state.step - r.state.best_step.unwrap_or(r.state.step)) / cfg.eval.every;
+                if cfg.eval.patience.is_some_and(|p| since_best >= p) {
+                    r.state.stopped_early = true;
+                }
+            }
+        }
+        for (i, r) in replicas.iter_mut().enumerate() {
+            if !active[i] {
+                continue;
+            }
+            let cfg = &r.run.config;
+            let s = r.state.step;
+            let done = s >= cfg.train.steps || r.state.stopped_early;
+            if s % cfg.train.checkpoint_every == 0 || done {
+                checkpoint::save_checkpoint(
+                    &r.run.out,
+                    &replica_model(&packed, i),
+                    &optim.replica_state(i),
+                    &r.state,
+                )?;
+            }
+            if done {
+                r.active = false;
+                let summary = summarise(cfg, &r.run.out, &r.state, params, started.elapsed().as_secs_f64())?;
+                checkpoint::write_atomic(
+                    &r.run.out.join("summary.json"),
+                    &serde_json::to_vec_pretty(&summary)?,
+                )?;
+            }
+        }
+        let running = replicas.iter().filter(|r| r.active).count();
+        let best = replicas
+            .iter()
+            .map(|r| r.last.0)
+            .filter(|a| a.is_finite())
+            .fold(f64::NAN, f64::max);
+        bar.set_message(format!("{running} of {n} training, best acc {}", fmt_acc(best)));
+        bar.set_position(replicas.iter().map(|r| r.state.step).max().unwrap_or(0) as u64);
+    }
+    bar.finish();
+    replicas
+        .into_iter()
+        .map(|r| match r.failed {
+            Some(e) => Ok(Err(anyhow::anyhow!(e))),
+            None => {
+                let summary = summarise(
+                    &r.run.config,
+                    &r.run.out,
+                    &r.state,
+                    params,
+                    started.elapsed().as_secs_f64(),
+                )?;
+                checkpoint::write_atomic(
+                    &r.run.out.join("summary.json"),
+                    &serde_json::to_vec_pretty(&summary)?,
+                )?;
+                Ok(Ok(summary))
+            }
+        })
+        .collect()
+}
+
+/// The run folder as `train` leaves it before its first step: created, and its resolved config
+/// written (a resumed run must have been written by the same config).
+fn prepare_folder(cfg: &ExperimentConfig, out: &std::path::Path) -> Result<()> {
+    fs::create_dir_all(out)
+        .with_context(|| format!("cannot create run directory {}", out.display()))?;
+    let resolved = toml::to_string_pretty(cfg).context("cannot serialise the config")?;
+    let config_path = out.join("config.toml");
+    if config_path.exists() {
+        let previous = fs::read_to_string(&config_path)?;
+        if previous != resolved {
+            bail!(
+                "{} was written by a different config; resume with the same config or use a new --out",
+                config_path.display()
+            );
+        }
+    }
+    checkpoint::write_atomic(&config_path, resolved.as_bytes())
+}
+
+/// Replica `i` as the standalone model its run would have.
+fn replica_model(packed: &PackedSyntheticLm, i: usize) -> Model {
+    Model::PaperSynthetic(packed.replica(i))
+}
+
+/// Inputs and targets of training step `step` on the host, as `RunData::train_batch` draws them.
+fn host_train_batch(data: &RunData, cfg: &ExperimentConfig, step: usize) -> Result<(Vec<i64>, Vec<i64>)> {
+    match data {
+        RunData::Pools { train, .. } => {
+            let indices = sample_batch(cfg.seed, step, train.len(), cfg.train.batch_size);
+            let b = batch(train, &indices);
+            Ok((b.inputs.iter().map(|&x| x as i64).collect(), b.targets))
+        }
+        RunData::Lm(_) => bail!("language-model runs train alone, not in packs"),
+    }
+}
+
+/// Each replica's mean cross-entropy over its scored positions (`scored[r]` of them): replica
+/// `r` of the result is `masked_cross_entropy` of its logits and targets.
+///
+/// # Shapes
+/// `logits: [R, B, T, V]`, `targets: [R, B, T]` → `[R]`.
+fn replica_cross_entropy(logits: Tensor<4>, targets: Tensor<3, Int>, scored: &[usize]) -> Tensor<1> {
+    let [r, b, t, v] = logits.dims();
+    let device = logits.device();
+    let targets = targets.reshape([r, b * t, 1]);
+    let mask = targets.clone().not_equal_elem(IGNORE); // [R, B·T, 1]
+    let safe = targets.mask_fill(mask.clone().bool_not(), 0);
+    let logp = log_softmax(logits.reshape([r, b * t, v]), 2).gather(2, safe); // [R, B·T, 1]
+    let dtype = logp.dtype();
+    let picked = logp * mask.float().cast(dtype);
+    let counts: Vec<f32> = scored.iter().map(|&c| c.max(1) as f32).collect();
+    let counts = Tensor::<1>::from_data(TensorData::new(counts, [r]), &device).cast(dtype);
+    picked.sum_dim(1).reshape([r]).neg() / counts
+}
+
+/// Held-out metrics of every replica on its own pool (`test`: the test-length pool).
+fn evaluate_pack(
+    packed: &PackedSyntheticLm,
+    replicas: &[Replica],
+    test: bool,
+    device: &Device,
+) -> Result<Vec<EvalMetrics>> {
+    let pools: Vec<&[Example]> = replicas
+        .iter()
+        .map(|r| match &*r.data {
+            RunData::Pools { eval, test: t, .. } => Ok(if test {
+                t.as_deref().expect("a test pool where a test length is set")
+            } else {
+                eval.as_slice()
+            }),
+            RunData::Lm(_) => bail!("language-model runs train alone, not in packs"),
+        })
+        .collect::<Result<_>>()?;
+    let cfg = &replicas[0].run.config;
+    let form = cfg.model.form_on(device);
+    let examples = pools[0].len();
+    if let Some(p) = pools.iter().find(|p| p.len() != examples) {
+        bail!("evaluation pools of a pack differ in size ({} and {examples})", p.len());
+    }
+    let n = replicas.len();
+    let mut acc: Vec<Accumulator> = (0..n).map(|_| Accumulator::default()).collect();
+    let indices: Vec<usize> = (0..examples).collect();
+    for chunk in indices.chunks(cfg.eval.batch_size) {
+        let batches: Vec<_> = pools.iter().map(|p| batch(p, chunk)).collect();
+        let (rows, t) = (batches[0].batch, batches[0].seq_len);
+        let inputs: Vec<i64> = batches
+            .iter()
+            .flat_map(|b| b.inputs.iter().map(|&x| x as i64))
+            .collect();
+        let target_values: Vec<i64> = batches.iter().flat_map(|b| b.targets.iter().copied()).collect();
+        let scored: Vec<usize> = batches
+            .iter()
+            .map(|b| b.targets.iter().filter(|&&v| v != IGNORE).count())
+            .collect();
+        let inputs = Tensor::<3, Int>::from_data(TensorData::new(inputs, [n, rows, t]), device);
+        let targets =
+            Tensor::<3, Int>::from_data(TensorData::new(target_values.clone(), [n, rows, t]), device);
+        let logits = packed.run(inputs, form);
+        let predictions: Vec<u32> = logits
+            .clone()
+            .argmax(3)
+            .into_data()
+            .try_into_vec_as::<i64>()
+            .expect("argmax indices")
+            .into_iter()
+            .map(|p| p as u32)
+            .collect();
+        let losses: Vec<f64> = replica_cross_entropy(logits, targets, &scored)
+            .into_data()
+            .convert::<f64>()
+            .try_to_vec::<f64>()
+            .expect("losses");
+        let per = rows * t;
+        for i in 0..n {
+            let span = i * per..(i + 1) * per;
+            let (c, s) = masked_accuracy(&predictions[span.clone()], &target_values[span]);
+            debug_assert_eq!(s, scored[i], "accuracy and loss score the same positions");
+            acc[i].correct += c;
+            acc[i].push(losses[i], s);
+        }
+    }
+    Ok(acc.into_iter().map(Accumulator::finish).collect())
+}
+
+/// Device memory one replica of `cfg` takes in a training step (weights, gradients, optimiser
+/// state, activations), measured with a pack of two on `device`.
+pub fn measure_replica_bytes(cfg: &ExperimentConfig, device: &Device) -> Result<u64> {
+    use rand::{Rng, SeedableRng};
+    let cfg = cfg.resolved();
+    let ad = device.clone().autodiff();
+    device.sync().ok();
+    let before = device.memory_pool_usage().map_or(0, |u| u.bytes_reserved);
+    let models: Vec<_> = (0..2)
+        .map(|_| match Model::new(&cfg, &ad) {
+            Model::PaperSynthetic(m) => Ok(m),
+            _ => bail!("only paper_synthetic runs pack"),
+        })
+        .collect::<Result<_>>()?;
+    let params = models[0].num_params() as u64;
+    let packed = PackedSyntheticLm::stack(&models);
+    let (b, t, v) = (cfg.train.batch_size, cfg.task.seq_len(), cfg.task.vocab_size());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+    let ids: Vec<i64> = (0..2 * b * t).map(|_| rng.random_range(0..v as i64)).collect();
+    let tokens = Tensor::<3, Int>::from_data(TensorData::new(ids, [2, b, t]), &ad);
+    let logits = packed.run(tokens.clone(), cfg.model.form_on(&ad));
+    let loss = replica_cross_entropy(logits, tokens, &[b * t, b * t]).sum();
+    let grads = loss.backward();
+    device.sync().ok();
+    let after = device.memory_pool_usage().map_or(0, |u| u.bytes_reserved);
+    drop(grads);
+    // The step's peak (pages stay reserved) for two replicas, plus each one's Adam moments.
+    Ok(after.saturating_sub(before) / 2 + 2 * 4 * params)
+}

@@ -1,0 +1,215 @@
+//! Packed sweeps: every run of a pack is the run it would be alone (metrics equal to the
+//! standalone runs' within f32 tolerance), a run that stops early stops changing while the pack
+//! runs on, a killed pack resumes to the metrics of one that was not, and a packed run's folder
+//! is an ordinary run folder (`--resume`, `eval` read it).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use loglinear_cli::train::read_metrics;
+
+/// Tiny MQAR runs; the sweep crosses two λ modes of one parameter layout, two seeds and two
+/// early-stop thresholds (the low one stops at the first evaluation, the others run on), and
+/// lets the learning rate differ by seed through the cosine schedule's warm-up.
+const SWEEP: &str = r#"
+name = "packs"
+seed = 3
+
+[task.mqar]
+vocab_size = 64
+seq_len = 16
+num_kv_pairs = 2
+layout = "zoology"
+
+[model]
+arch = "paper_synthetic"
+lambda = "mlp_softplus"
+d_model = 16
+d_state = 8
+head_dim = 8
+n_layers = 2
+form = "chunked"
+chunk = 4
+
+[train]
+steps = 40
+batch_size = 8
+train_examples = 64
+lr = 3e-3
+schedule = "cosine"
+warmup_steps = 5
+grad_clip = 0.5
+log_every = 5
+checkpoint_every = 10
+
+[eval]
+every = 10
+examples = 32
+
+[sweep]
+"model.lambda" = ["mlp_softplus", "mlp_softmax"]
+seed = [3, 4]
+"eval.early_stop_acc" = [0.0001, 1.0]
+"train.lr" = [3e-3, 1e-3]
+"#;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_loglinear"))
+}
+
+fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "command failed: {stderr}");
+    stderr
+}
+
+fn sweep(config: &Path, out: &Path, pack: usize) -> String {
+    run_ok(
+        bin()
+            .arg("sweep")
+            .arg(config)
+            .arg("--out")
+            .arg(out)
+            .args(["--pack", &pack.to_string()]),
+    )
+}
+
+fn runs(dir: &Path) -> Vec<PathBuf> {
+    let mut runs: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("config.toml").exists())
+        .collect();
+    runs.sort();
+    runs
+}
+
+/// Every number of two metrics files, field by field, within `tol` relative (timing excluded).
+fn assert_same_metrics(a: &Path, b: &Path, tol: f64) {
+    let read = |p: &Path| read_metrics(&p.join("metrics.jsonl")).unwrap();
+    let (ma, mb) = (read(a), read(b));
+    assert_eq!(ma.len(), mb.len(), "{} and {}: metric lines", a.display(), b.display());
+    for (la, lb) in ma.iter().zip(&mb) {
+        let (oa, ob) = (la.as_object().unwrap(), lb.as_object().unwrap());
+        let keys = |o: &serde_json::Map<String, serde_json::Value>| {
+            let mut k: Vec<String> = o.keys().filter(|k| *k != "tokens_per_s").cloned().collect();
+            k.sort();
+            k
+        };
+        assert_eq!(keys(oa), keys(ob), "{}: fields of {la} and {lb}", a.display());
+        for k in keys(oa) {
+            let (x, y) = (oa[&k].as_f64().unwrap(), ob[&k].as_f64().unwrap());
+            assert!(
+                (x - y).abs() <= tol * x.abs().max(y.abs()).max(1e-3),
+                "{}: {k} {x} vs {y} (line {la})",
+                a.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_pack_trains_each_run_as_it_would_train_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("sweep.toml");
+    fs::write(&config, SWEEP).unwrap();
+    let alone = tmp.path().join("alone");
+    let packed = tmp.path().join("packed");
+    sweep(&config, &alone, 1);
+    let log = sweep(&config, &packed, 16);
+    assert!(log.contains("pack 1/1: 16 runs share one process"), "{log}");
+    let (alone_runs, packed_runs) = (runs(&alone), runs(&packed));
+    assert_eq!(alone_runs.len(), 16);
+    let mut early = 0;
+    for (a, p) in alone_runs.iter().zip(&packed_runs) {
+        assert_eq!(a.file_name(), p.file_name());
+        // f32 on the CPU: a batched matmul may sum in another order than the same product
+        // alone (≈1e-7 relative per step); 40 Adam steps on 16-wide models keep that far below
+        // 1e-4, while a replica that saw another's data, learning rate or gradient would differ
+        // by more than 1e-2 from the first logged step on.
+        assert_same_metrics(a, p, 1e-4);
+        let summary = |d: &Path| -> serde_json::Value {
+            serde_json::from_slice(&fs::read(d.join("summary.json")).unwrap()).unwrap()
+        };
+        let (sa, sp) = (summary(a), summary(p));
+        for key in ["steps", "best_step", "stopped_early", "params"] {
+            assert_eq!(sa[key], sp[key], "{}: {key}", p.display());
+        }
+        if sp["stopped_early"] == true {
+            early += 1;
+            assert!(sp["steps"].as_u64().unwrap() < 40, "{}", p.display());
+        }
+        // The packed run's folder is an ordinary run: its best weights evaluate to its best
+        // accuracy.
+        assert!(p.join("best/model.safetensors").exists() && p.join("checkpoints/latest").exists());
+    }
+    assert!(early >= 1, "at least one run stopped early while the others ran on");
+    // `eval` reads a packed run's best weights as it reads any run's: the accuracy it finds is
+    // the run's best held-out accuracy.
+    let first = &packed_runs[0];
+    let out = bin().arg("eval").arg(first).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let best: serde_json::Value =
+        serde_json::from_slice(&fs::read(first.join("summary.json")).unwrap()).unwrap();
+    let shown = format!("accuracy {:.2}%", 100.0 * best["best_acc"].as_f64().unwrap());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&shown), "eval printed {text}; the run's best: {shown}");
+}
+
+#[test]
+fn a_killed_pack_resumes_to_the_metrics_of_one_that_was_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = SWEEP
+        .replace("steps = 40", "steps = 200")
+        .replace("\"eval.early_stop_acc\" = [0.0001, 1.0]\n", "")
+        .replace("\"train.lr\" = [3e-3, 1e-3]\n", "");
+    let config = tmp.path().join("sweep.toml");
+    fs::write(&config, text).unwrap();
+    let whole = tmp.path().join("whole");
+    sweep(&config, &whole, 4);
+
+    let killed = tmp.path().join("killed");
+    let mut child = bin()
+        .arg("sweep")
+        .arg(&config)
+        .arg("--out")
+        .arg(&killed)
+        .args(["--pack", "4"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let probe = killed.join("lambda=mlp_softmax,seed=4/checkpoints/latest");
+    loop {
+        let latest = fs::read_to_string(&probe).unwrap_or_default();
+        if latest.trim() >= "ckpt-00000030" || started.elapsed() > Duration::from_secs(300) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap(); // SIGKILL on Unix
+    child.wait().unwrap();
+    let resumed_from: Vec<usize> = runs(&killed)
+        .iter()
+        .map(|r| {
+            let name = fs::read_to_string(r.join("checkpoints/latest")).unwrap();
+            name.trim().trim_start_matches("ckpt-").parse().unwrap()
+        })
+        .collect();
+    assert!(
+        resumed_from.iter().all(|&s| (30..200).contains(&s)),
+        "killed mid-way: checkpoints at {resumed_from:?}"
+    );
+    assert!(runs(&killed).iter().all(|r| !r.join("summary.json").exists()));
+    let log = sweep(&config, &killed, 4);
+    assert!(log.contains("pack 1/1: 4 runs share one process"), "{log}");
+    for (a, b) in runs(&whole).iter().zip(&runs(&killed)) {
+        // Same process layout, same batches, same arithmetic: the resumed pack is exact.
+        assert_same_metrics(a, b, 0.0);
+    }
+}
