@@ -2,7 +2,7 @@
 # Runs on the GPU machine: scripts/gpu-run.sh STEP... where STEP is one of
 #   smoke | profile | op-vec | op-pad | op-nopad | profile-fwd | commands | kernels | op | op-tc | op-final | op-check | train-fused | train-forms | commands-lm | op-fused | op-chunks | op-long | op-chunked | train | train-short
 #   | train-long | train-32k | decode
-#   | mqar-timing | train-cold:LEVEL | train-profile
+#   | mqar-timing | train-cold:LEVEL | train-modes:LEVEL:T:B | pack-alone | pack-grid:STEPS
 #   | sweep:CONFIG:JOBS[:SET,SET...] | lm-eval:NAME
 # bin-gpu/loglinear.xz is built by scripts/build-gpu.sh and carried over; results go to $OUT.
 set -uo pipefail
@@ -15,6 +15,10 @@ mkdir -p "$out"
 bin=/tmp/loglinear
 [[ -x $bin ]] || { xz -dc bin-gpu/loglinear.xz > $bin && chmod +x $bin; }
 step() { echo; echo "=== $* ($(date +%T)) ==="; }
+# A device call may run 10 minutes: every step's timeout is cut to what is left of
+# $BUDGET seconds (default 560) from the script's start.
+budget=${BUDGET:-560}
+left() { local rem=$((budget - SECONDS)); (( rem < 5 )) && rem=5; echo $(( rem < $1 ? rem : $1 )); }
 for s in "$@"; do
 case "$s" in
 smoke)
@@ -192,19 +196,44 @@ train-cold:*)
     step "bench train T=512 batch 64, λ linear, cold cache, autotune $level"
     rm -rf /tmp/cache-$level
     /usr/bin/time -f "process wall %e s" env LOGLINEAR_AUTOTUNE_LEVEL=$level LOGLINEAR_KERNEL_CACHE=/tmp/cache-$level \
-        timeout ${COLD_TIMEOUT:-420} $bin bench train --device cuda --runs 10 --modes linear 2>&1 \
-        | tee "$out/train_cold_$level.txt" | grep -v "Fastest result" | tail -12
+        timeout $(left ${COLD_TIMEOUT:-420}) $bin bench train --device cuda --runs 10 --modes linear --profile 3 2>&1 \
+        | tee "$out/train_cold_$level.txt" | grep -v "Fastest result" | grep -E "^check|^\| (log|trans|\*\*)|^profiled"
     echo "autotune decisions printed: $(grep -c "Fastest result" "$out/train_cold_$level.txt")"
     ;;
-train-profile)
-    # The LM step at both published settings, every λ mode and the Transformer, with a
-    # kernel-by-kernel profile of each (warm cache from train-cold).
-    step "bench train T=512 batch 64, all modes, profile"
-    timeout 400 $bin bench train --device cuda --runs 10 --profile 3 --no-check 2>&1 \
-        | grep -v "Fastest result" | tee "$out/train_512_profile.txt" | grep -E "^\| (log-linear|transformer)|^\| \*\*"
-    step "bench train T=8192 batch 4, all modes, profile"
-    timeout 400 $bin bench train --device cuda --runs 10 --seq-len 8192 --batch 4 --profile 3 --no-check 2>&1 \
-        | grep -v "Fastest result" | tee "$out/train_8k_profile.txt" | grep -E "^\| (log-linear|transformer)|^\| \*\*"
+train-modes:*)
+    # Every λ mode and the Transformer at one setting, warm cache of the given autotune level.
+    IFS=: read -r _ level len batch <<< "$s"
+    step "bench train T=$len batch $batch, all modes, autotune $level"
+    LOGLINEAR_AUTOTUNE_LEVEL=$level LOGLINEAR_KERNEL_CACHE=/tmp/cache-$level \
+        timeout $(left 400) $bin bench train --device cuda --runs 10 --seq-len $len --batch $batch --no-check \
+        --modes ${MODES:-linear,mlp_softplus,ones,transformer} 2>&1 \
+        | grep -v "Fastest result" | tee "$out/train_${len}x${batch}_$level.txt" | grep -E "^\| (log|trans)"
+    ;;
+pack-alone)
+    # One MQAR run alone vs 24 runs of the same shape as one pack (T = 256, K ∈ {4..32},
+    # 3 seeds, MLP λ modes), 300 steps each, no early stop; then the published grid.
+    sed '/early_stop_acc/d' experiments/mqar_paper_sweep.toml > /tmp/grid.toml
+    step "one run alone, T=256, K=32, 300 steps"
+    rm -rf /tmp/alone
+    /usr/bin/time -f "alone wall %e s" timeout $(left 200) $bin sweep /tmp/grid.toml --device cuda --out /tmp/alone \
+        --set train.steps=300 --set task.seq_len=256 --set model.lambda=mlp_softplus \
+        --set task.num_kv_pairs=32 --set seed=0 2>&1 | grep -E "wall|error|pack" | tee "$out/pack_alone.txt"
+    step "24 runs as one pack, T=256, 300 steps"
+    rm -rf /tmp/pack24
+    /usr/bin/time -f "pack of 24 wall %e s" timeout $(left 300) $bin sweep /tmp/grid.toml --device cuda --out /tmp/pack24 \
+        --set train.steps=300 --set task.seq_len=256 --set 'model.lambda=["mlp_softplus","mlp_softmax"]' 2>&1 \
+        | grep -E "wall|error|pack|replica" | tee "$out/pack_24.txt"
+    (cd /tmp && tar czf "$out/pack24.tgz" --exclude='*.safetensors' pack24 alone)
+    ;;
+pack-grid:*)
+    # The published MQAR grid (72 runs, T ∈ {256, 512}) as packs, STEPS steps, no early stop.
+    steps=${s#pack-grid:}
+    sed '/early_stop_acc/d' experiments/mqar_paper_sweep.toml > /tmp/grid.toml
+    step "the published MQAR grid, 72 runs, $steps steps each, packed"
+    rm -rf /tmp/grid
+    /usr/bin/time -f "grid wall %e s" timeout $(left 540) $bin sweep /tmp/grid.toml --device cuda --out /tmp/grid \
+        --set train.steps=$steps 2>&1 | grep -E "wall|error|pack|FAILED" | tee "$out/pack_grid.txt"
+    (cd /tmp && tar czf "$out/grid.tgz" --exclude='*.safetensors' grid)
     ;;
 *) echo "unknown step $s" ;;
 esac

@@ -428,8 +428,20 @@ impl ConfigFile {
                 .split_once('=')
                 .with_context(|| format!("--set {item:?}: expected key=value"))?;
             let key = task_alias(&base, key.trim());
-            set_key(&mut base, &key, parse_value(value.trim()))
-                .with_context(|| format!("--set {item:?}"))?;
+            let value = parse_value(value.trim());
+            // An array on a swept key narrows the sweep to those values.
+            if let toml::Value::Array(values) = &value
+                && !values.is_empty()
+                && sweep.iter().any(|(k, _)| task_alias(&base, k) == key)
+            {
+                for (k, swept) in sweep.iter_mut() {
+                    if task_alias(&base, k) == key {
+                        *swept = values.clone();
+                    }
+                }
+                continue;
+            }
+            set_key(&mut base, &key, value).with_context(|| format!("--set {item:?}"))?;
             // An override pins a swept key to one value.
             sweep.retain(|(k, _)| task_alias(&base, k) != key);
         }

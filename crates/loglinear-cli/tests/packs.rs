@@ -150,6 +150,20 @@ fn a_pack_trains_each_run_as_it_would_train_alone() {
     assert!(early >= 1, "at least one run stopped early while the others ran on");
     // `eval` reads a packed run's best weights as it reads any run's: the accuracy it finds is
     // the run's best held-out accuracy.
+    // Packs as child processes (`--jobs`): the same runs again.
+    let children = tmp.path().join("children");
+    let log = run_ok(
+        bin()
+            .arg("sweep")
+            .arg(&config)
+            .arg("--out")
+            .arg(&children)
+            .args(["--pack", "8", "--jobs", "2"]),
+    );
+    assert!(log.contains("pack 2/2: 8 runs share one process"), "{log}");
+    for (a, c) in alone_runs.iter().zip(&runs(&children)) {
+        assert_same_metrics(a, c, 1e-4);
+    }
     let first = &packed_runs[0];
     let out = bin().arg("eval").arg(first).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -212,4 +226,22 @@ fn a_killed_pack_resumes_to_the_metrics_of_one_that_was_not() {
         // Same process layout, same batches, same arithmetic: the resumed pack is exact.
         assert_same_metrics(a, b, 0.0);
     }
+}
+
+/// `--set key=[a, b]` on a swept key narrows the sweep to those values (a scalar pins it).
+#[test]
+fn an_array_override_narrows_a_swept_key() {
+    use loglinear_cli::config::ConfigFile;
+    let narrowed = ConfigFile::parse(
+        SWEEP,
+        &["model.lambda=[\"mlp_softmax\"]".into(), "seed=[4, 3, 5]".into()],
+    )
+    .unwrap();
+    let points = narrowed.expand().unwrap();
+    assert_eq!(points.len(), 3 * 2 * 2);
+    assert!(points.iter().all(|(_, c)| c.model.lambda.name() == "mlp_softmax"));
+    let seeds: std::collections::BTreeSet<u64> = points.iter().map(|(_, c)| c.seed).collect();
+    assert_eq!(seeds.into_iter().collect::<Vec<_>>(), vec![3, 4, 5]);
+    let pinned = ConfigFile::parse(SWEEP, &["seed=7".into()]).unwrap();
+    assert_eq!(pinned.expand().unwrap().len(), 2 * 2 * 2);
 }
