@@ -220,8 +220,9 @@ pack-alone)
         --set task.num_kv_pairs=32 --set seed=0 2>&1 | grep -E "wall|error|pack" | tee "$out/pack_alone.txt"
     step "24 runs as one pack, T=256, 300 steps"
     rm -rf /tmp/pack24
-    /usr/bin/time -f "pack of 24 wall %e s" timeout $(left 300) $bin sweep /tmp/grid.toml --device cuda --out /tmp/pack24 \
-        --set train.steps=300 --set task.seq_len=256 --set 'model.lambda=["mlp_softplus","mlp_softmax"]' 2>&1 \
+    sed 's/^"model.lambda" = .*/"model.lambda" = ["mlp_softplus", "mlp_softmax"]/' /tmp/grid.toml > /tmp/mlp.toml
+    /usr/bin/time -f "pack of 24 wall %e s" timeout $(left 300) $bin sweep /tmp/mlp.toml --device cuda --out /tmp/pack24 \
+        --set train.steps=300 --set task.seq_len=256 2>&1 \
         | grep -E "wall|error|pack|replica" | tee "$out/pack_24.txt"
     (cd /tmp && tar czf "$out/pack24.tgz" --exclude='*.safetensors' pack24 alone)
     ;;
