@@ -15,7 +15,7 @@ use std::fs;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
