@@ -37,7 +37,7 @@ const SWEEP_FILES: [&str; 2] = ["point.toml", "train.log"];
 pub struct RunIdentity {
     /// Random id drawn when the folder was created.
     pub run_id: String,
-    /// FNV-1a hash of the resolved `config.toml` the run was created with.
+    /// Fingerprint of the resolved config the run was created with ([`fingerprint`]).
     pub config_fingerprint: String,
     /// Set when a run folder from before run identities was adopted by `--resume`: its
     /// unstamped checkpoints are then accepted as its own.
@@ -55,10 +55,19 @@ impl RunIdentity {
     }
 }
 
-/// Stable 64-bit FNV-1a of a text, as hex (std's hasher is not stable across Rust versions).
-pub fn fingerprint(text: &str) -> String {
+/// Fingerprint of a config's values: a stable 64-bit FNV-1a (std's hasher is not stable across
+/// Rust versions) of its sorted `key = value` lines, so that two texts of the same values (key
+/// order, formatting) have the same fingerprint.
+pub fn fingerprint(config_text: &str) -> String {
+    let canonical = match flat(config_text) {
+        Ok(map) => map
+            .iter()
+            .map(|(k, v)| format!("{k} = {v}\n"))
+            .collect::<String>(),
+        Err(_) => config_text.to_string(),
+    };
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in text.bytes() {
+    for b in canonical.bytes() {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
@@ -195,6 +204,13 @@ pub fn open(
             if resume {
                 eprintln!("{shown} holds no run yet: starting from step 0");
             }
+            create(out, &text)
+        }
+        // A creation killed between config.toml and run.json: the same bytes again lose nothing.
+        Contents::Other(names)
+            if names == ["config.toml"]
+                && fs::read_to_string(out.join("config.toml")).is_ok_and(|t| t == text) =>
+        {
             create(out, &text)
         }
         Contents::Other(names) => {
@@ -358,12 +374,6 @@ fn check_same_config(out: &Path, now: &str) -> Result<()> {
 
 /// Dotted key → (value in `a`, value in `b`) for every key whose values differ ("-" = absent).
 pub fn config_diff(a: &str, b: &str) -> Result<Vec<(String, (String, String))>> {
-    let flat = |text: &str| -> Result<BTreeMap<String, String>> {
-        let table: toml::Table = toml::from_str(text).context("invalid TOML in a run config")?;
-        let mut out = BTreeMap::new();
-        flatten("", &toml::Value::Table(table), &mut out);
-        Ok(out)
-    };
     let (a, b) = (flat(a)?, flat(b)?);
     let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
     Ok(keys
@@ -376,6 +386,14 @@ pub fn config_diff(a: &str, b: &str) -> Result<Vec<(String, (String, String))>> 
             })
         })
         .collect())
+}
+
+/// Dotted key → value (as TOML text) of every leaf of a config.
+fn flat(text: &str) -> Result<BTreeMap<String, String>> {
+    let table: toml::Table = toml::from_str(text).context("invalid TOML in a run config")?;
+    let mut out = BTreeMap::new();
+    flatten("", &toml::Value::Table(table), &mut out);
+    Ok(out)
 }
 
 fn flatten(prefix: &str, value: &toml::Value, out: &mut BTreeMap<String, String>) {
@@ -428,7 +446,14 @@ pub fn check_stamp(run_dir: &Path, dir: &Path) -> Result<()> {
         );
     }
     let stamp = read_identity(&path)?;
-    if stamp.run_id != run.run_id || stamp.config_fingerprint != run.config_fingerprint {
+    if stamp.run_id == run.run_id && stamp.config_fingerprint != run.config_fingerprint {
+        bail!(
+            "{} was written by this run under another config (run.json was edited?): it is not \
+             loaded; replace the run with --overwrite",
+            dir.display()
+        );
+    }
+    if stamp.run_id != run.run_id {
         bail!(
             "{} was written by run {}, not by the run in {} (run {}): it is not loaded; replace \
              the run with --overwrite",

@@ -298,6 +298,22 @@ fn resume_without_a_checkpoint_says_it_starts_from_step_0() {
         "{err}"
     );
     assert_eq!(steps_logged(&early), vec![5, 10, 15, 20]);
+    // A creation killed between config.toml and run.json leaves only the resolved config:
+    // starting there again rewrites the same bytes and loses nothing.
+    let cut = tmp.path().join("cut");
+    run_ok(train(&config, &cut).args(["--set", "train.steps=5"]));
+    for e in fs::read_dir(&cut).unwrap() {
+        let path = e.unwrap().path();
+        if path.file_name().unwrap() != "config.toml" {
+            if path.is_dir() {
+                fs::remove_dir_all(&path).unwrap();
+            } else {
+                fs::remove_file(&path).unwrap();
+            }
+        }
+    }
+    run_ok(train(&config, &cut).args(["--set", "train.steps=5"]));
+    assert_eq!(steps_logged(&cut), vec![5]);
 }
 
 /// A run folder written before run identities (no run.json, unstamped checkpoints) is refused
