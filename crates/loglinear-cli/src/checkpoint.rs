@@ -159,6 +159,12 @@ fn misfit(result: &burn::store::ApplyResult) -> Option<String> {
         };
         format!("{a} tensor `{path}`, which {b}; most likely {key} differs")
     };
+    // Not one tensor in common: another architecture (the paths start with the model's kind).
+    if result.applied.is_empty()
+        && let Some(&(path, in_model)) = one_sided.first()
+    {
+        return Some(say(path, in_model, "model.arch"));
+    }
     // Whole layers on one side only, none of them layer 0: the depth differs. (A λ mode change
     // also leaves tensors on one side, but in every layer, layer 0 included.)
     let layer = |p: &str| -> Option<usize> {

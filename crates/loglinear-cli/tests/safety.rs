@@ -483,6 +483,7 @@ fn weights_that_do_not_fit_name_the_tensor_and_the_key() {
         ("model.d_model=32", "model.d_model"),
         ("model.n_layers=3", "model.n_layers"),
         ("task.mqar.vocab_size=80", "task.vocab_size"),
+        ("model.arch=mamba2", "model.arch"),
     ] {
         let err = run_err(bin().arg("eval").arg(&run).args(["--set", set]));
         assert!(
