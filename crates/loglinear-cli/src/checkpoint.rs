@@ -63,20 +63,206 @@ pub fn save_weights(model: &Model, path: &Path) -> Result<()> {
 }
 
 /// Loads weights saved by [`save_weights`] into `model` (which must have the same config).
+///
+/// Errors are one line: a file that is not safetensors, or whose weights are NaN, infinite or
+/// absurdly large, is reported as a corrupt checkpoint; weights that do not fit the model name
+/// the first tensor that does not fit and the config key that most likely differs.
 pub fn load_weights(model: &mut Model, path: &Path) -> Result<()> {
-    let mut store = SafetensorsStore::from_file(path);
-    let result = model
-        .load_from(&mut store)
-        .map_err(|e| anyhow!("cannot load weights from {}: {e}", path.display()))?;
-    if !result.missing.is_empty() || !result.errors.is_empty() {
-        return Err(anyhow!(
-            "weights in {} do not fit the model: missing {:?}, errors {:?}",
+    let bytes = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    check_values(&bytes).map_err(|why| {
+        anyhow!(
+            "{} is a corrupt checkpoint: {why}; it cannot be loaded",
+            path.display()
+        )
+    })?;
+    // Structured results instead of the store's own errors (a multi-line dump of every tensor).
+    let mut store = SafetensorsStore::from_bytes(Some(bytes))
+        .validate(false)
+        .allow_partial(true);
+    let result = model.load_from(&mut store).map_err(|e| {
+        anyhow!(
+            "{} is a corrupt checkpoint: {}",
             path.display(),
-            result.missing,
-            result.errors
+            one_line(&e.to_string())
+        )
+    })?;
+    if let Some(misfit) = misfit(&result) {
+        return Err(anyhow!(
+            "the weights in {} do not fit the model: {misfit}",
+            path.display()
         ));
     }
     Ok(())
+}
+
+/// Weights beyond this magnitude are garbage, not training: a run that grows them stops on a
+/// non-finite loss long before (and random bytes read as f32 exceed it almost surely).
+const GARBAGE_MAGNITUDE: f64 = 1e6;
+
+/// Checks that `bytes` are a safetensors file whose float tensors are finite and of sane size.
+fn check_values(bytes: &[u8]) -> std::result::Result<(), String> {
+    use safetensors::{Dtype, SafeTensors};
+    let file = SafeTensors::deserialize(bytes).map_err(|e| {
+        format!(
+            "not a readable safetensors file ({})",
+            one_line(&e.to_string())
+        )
+    })?;
+    let mut names = file.names();
+    names.sort();
+    for name in names {
+        let view = file.tensor(name).map_err(|e| one_line(&e.to_string()))?;
+        let data = view.data();
+        let bad = match view.dtype() {
+            Dtype::F32 => data
+                .chunks_exact(4)
+                .map(|c| f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                .find(|v| !v.is_finite() || v.abs() > GARBAGE_MAGNITUDE),
+            Dtype::F64 => data
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .find(|v| !v.is_finite() || v.abs() > GARBAGE_MAGNITUDE),
+            _ => None,
+        };
+        if let Some(v) = bad {
+            return Err(format!("tensor `{name}` holds {v:e}"));
+        }
+    }
+    Ok(())
+}
+
+/// Collapses a multi-line message into one line of bounded length.
+fn one_line(text: &str) -> String {
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match flat.char_indices().nth(200) {
+        Some((i, _)) => format!("{}…", &flat[..i]),
+        None => flat,
+    }
+}
+
+/// What does not fit between a checkpoint and the model, with the config key that most likely
+/// differs; `None` when everything was applied.
+fn misfit(result: &burn::store::ApplyResult) -> Option<String> {
+    use burn::store::ApplyError;
+    // Tensors on one side only: (path, whether the model is the side that has it).
+    let one_sided: Vec<(&str, bool)> = result
+        .missing
+        .iter()
+        .map(|(p, _)| (p.as_str(), true))
+        .chain(result.unused.iter().map(|p| (p.as_str(), false)))
+        .collect();
+    let say = |path: &str, in_model: bool, key: &str| {
+        let (a, b) = if in_model {
+            ("the model has", "the checkpoint lacks")
+        } else {
+            ("the checkpoint has", "the model lacks")
+        };
+        format!("{a} tensor `{path}`, which {b}; most likely {key} differs")
+    };
+    // Not one tensor in common: another architecture (the paths start with the model's kind).
+    if result.applied.is_empty()
+        && let Some(&(path, in_model)) = one_sided.first()
+    {
+        return Some(say(path, in_model, "model.arch"));
+    }
+    // Whole layers on one side only, none of them layer 0: the depth differs. (A λ mode change
+    // also leaves tensors on one side, but in every layer, layer 0 included.)
+    let layer = |p: &str| -> Option<usize> {
+        let parts: Vec<&str> = p.split('.').collect();
+        parts
+            .windows(2)
+            .find(|w| w[0] == "blocks" || w[0] == "layers")
+            .and_then(|w| w[1].parse().ok())
+    };
+    if let Some(&(path, in_model)) = one_sided.first()
+        && one_sided
+            .iter()
+            .all(|&(p, side)| side == in_model && layer(p).is_some_and(|l| l > 0))
+    {
+        return Some(say(path, in_model, "model.n_layers"));
+    }
+    for (rule, key) in [
+        ("lambda", "model.lambda (the λ mode)"),
+        ("wdl", "model.lambda (the λ mode)"),
+        ("head", "model.tie_embeddings"),
+    ] {
+        if let Some(&(path, in_model)) = one_sided.iter().find(|(p, _)| p.contains(rule)) {
+            return Some(say(path, in_model, key));
+        }
+    }
+    // λ tensors first: their shapes say which λ setting differs, where the projections that
+    // feed them only say "some width".
+    let mut errors: Vec<&ApplyError> = result.errors.iter().collect();
+    errors.sort_by_key(|e| match e {
+        ApplyError::ShapeMismatch { path, .. } => !path.contains("lambda"),
+        _ => true,
+    });
+    if let Some(e) = errors.first() {
+        return Some(match e {
+            ApplyError::ShapeMismatch {
+                path,
+                expected,
+                found,
+            } => {
+                let (want, got) = (expected.as_slice(), found.as_slice());
+                let axis = (want.len() == got.len())
+                    .then(|| want.iter().zip(got).position(|(a, b)| a != b))
+                    .flatten();
+                format!(
+                    "tensor `{path}` is {got:?} in the checkpoint but {want:?} in the model; \
+                     most likely {} differs",
+                    likely_key(path, axis)
+                )
+            }
+            ApplyError::DTypeMismatch {
+                path,
+                expected,
+                found,
+            } => format!(
+                "tensor `{path}` is {found:?} in the checkpoint but {expected:?} in the model"
+            ),
+            other => one_line(&other.to_string()),
+        });
+    }
+    one_sided
+        .first()
+        .map(|&(path, in_model)| say(path, in_model, "model.arch"))
+}
+
+/// The config key behind axis `axis` of the parameter at `path` (from the parameter layouts
+/// of `loglinear::nn`); widths default to `model.d_model`.
+fn likely_key(path: &str, axis: Option<usize>) -> &'static str {
+    let p = path.to_ascii_lowercase();
+    let last = p.rsplit('.').next().unwrap_or("");
+    if p.contains("lambda") {
+        // scale [H, L]; MLP w1 [L, hidden], b1 [hidden], w2 [hidden, L], b2 [L].
+        return match (last, axis) {
+            ("scale", Some(0)) => "model.d_model (or model.head_dim: the heads)",
+            ("scale", _) | ("w1", Some(0)) | ("w2", Some(1)) | ("b2", _) => "model.levels",
+            ("w1", _) | ("w2", _) | ("b1", _) => "model.mlp_hidden",
+            _ => "model.levels",
+        };
+    }
+    if p.contains("position_embedding") {
+        return match axis {
+            Some(0) => "task.seq_len (or eval.test_seq_len: the positions)",
+            _ => "model.d_model",
+        };
+    }
+    if p.contains("embedding") {
+        return match axis {
+            Some(0) => "task.vocab_size",
+            _ => "model.d_model",
+        };
+    }
+    if p.contains("conv_weight") && axis == Some(1) {
+        return "model.conv_kernel";
+    }
+    if p.contains("in_proj") || p.contains("conv") {
+        // in_proj and the conv carry x | B | C | dt | dl: every width and the λ levels.
+        return "model.d_model (or d_state, expand, head_dim, levels, lambda)";
+    }
+    "model.d_model"
 }
 
 /// Root of the checkpoints of a run.
@@ -153,6 +339,7 @@ pub fn save_checkpoint(
     save_weights(model, &tmp.join("model.safetensors"))?;
     save_tensors(&tmp.join("optimizer.safetensors"), optim_state)?;
     fs::write(tmp.join("state.json"), serde_json::to_vec_pretty(state)?)?;
+    crate::run_dir::stamp(run_dir, &tmp)?;
     let dest = root.join(&name);
     if dest.exists() {
         fs::remove_dir_all(&dest)?;
@@ -171,7 +358,8 @@ pub fn save_checkpoint(
     Ok(())
 }
 
-/// The latest complete checkpoint of a run, if any.
+/// The latest complete checkpoint of a run, if any; an error if it was not written by this run
+/// (see [`crate::run_dir`]).
 pub fn latest_checkpoint(run_dir: &Path) -> Result<Option<PathBuf>> {
     let root = checkpoint_root(run_dir);
     let latest = root.join("latest");
@@ -188,6 +376,7 @@ pub fn latest_checkpoint(run_dir: &Path) -> Result<Option<PathBuf>> {
             dir.display()
         ));
     }
+    crate::run_dir::check_stamp(run_dir, &dir)?;
     Ok(Some(dir))
 }
 
@@ -220,7 +409,8 @@ pub fn save_best(run_dir: &Path, model: &Model, state: &TrainState) -> Result<()
     let tmp = dir.join(".model.safetensors.tmp");
     save_weights(model, &tmp)?;
     fs::rename(&tmp, dir.join("model.safetensors"))?;
-    write_atomic(&dir.join("state.json"), &serde_json::to_vec_pretty(state)?)
+    write_atomic(&dir.join("state.json"), &serde_json::to_vec_pretty(state)?)?;
+    crate::run_dir::stamp(run_dir, &dir)
 }
 
 /// Loads the model of a finished or running run: the best weights if present, else the latest
@@ -228,6 +418,7 @@ pub fn save_best(run_dir: &Path, model: &Model, state: &TrainState) -> Result<()
 pub fn load_run_model(run_dir: &Path, model: &mut Model) -> Result<PathBuf> {
     let best = run_dir.join("best").join("model.safetensors");
     let path = if best.exists() {
+        crate::run_dir::check_stamp(run_dir, &run_dir.join("best"))?;
         best
     } else {
         latest_checkpoint(run_dir)?

@@ -324,18 +324,20 @@ impl ExperimentConfig {
             .unwrap_or_else(|| num_levels(self.max_seq_len()))
     }
 
-    /// Checks every cross-field constraint, naming the key.
+    /// Checks every value against its meaningful range and every cross-field rule; the error
+    /// names the key path, the value and what is expected. Runs before a run writes anything.
     pub fn validate(&self) -> Result<()> {
-        self.task
-            .validate()
-            .map_err(|e| anyhow::anyhow!("task: {e}"))?;
+        self.task.validate().map_err(|e| task_error(&e))?;
         let t = &self.train;
+        let e = &self.eval;
         let m = &self.model;
-        let checks: [(bool, String); 9] = [
-            (t.steps > 0, "train.steps must be positive".into()),
-            (t.batch_size > 0, "train.batch_size must be positive".into()),
+        let lm = self.task.is_lm();
+        // (holds, message): the first that fails is the error.
+        let checks: Vec<(bool, String)> = vec![
+            positive("train.steps", t.steps),
+            positive("train.batch_size", t.batch_size),
             (
-                t.train_examples >= t.batch_size,
+                lm || t.train_examples >= t.batch_size,
                 format!(
                     "train.train_examples ({}) must be at least train.batch_size ({}): a batch holds distinct sequences",
                     t.train_examples, t.batch_size
@@ -343,15 +345,100 @@ impl ExperimentConfig {
             ),
             (
                 t.lr > 0.0 && t.lr.is_finite(),
-                format!("train.lr must be positive, got {}", t.lr),
+                format!("train.lr must be a positive learning rate, got {}", t.lr),
             ),
             (
-                (0.0..1.0).contains(&t.beta1) && (0.0..1.0).contains(&t.beta2),
-                "train.beta1 and train.beta2 must lie in [0, 1)".into(),
+                t.weight_decay >= 0.0 && t.weight_decay.is_finite(),
+                format!(
+                    "train.weight_decay must be ≥ 0 (0 = none), got {}",
+                    t.weight_decay
+                ),
             ),
             (
-                self.eval.every > 0 && self.eval.examples > 0 && self.eval.batch_size > 0,
-                "eval.every, eval.examples and eval.batch_size must be positive".into(),
+                (0.0..1.0).contains(&t.beta1),
+                format!("train.beta1 must lie in [0, 1), got {}", t.beta1),
+            ),
+            (
+                (0.0..1.0).contains(&t.beta2),
+                format!("train.beta2 must lie in [0, 1), got {}", t.beta2),
+            ),
+            (
+                t.eps > 0.0 && t.eps.is_finite(),
+                format!(
+                    "train.eps must be positive (Adam's denominator), got {}",
+                    t.eps
+                ),
+            ),
+            (
+                t.grad_clip.is_none_or(|c| c > 0.0 && c.is_finite()),
+                format!(
+                    "train.grad_clip must be a positive norm (leave the key out for no clipping), got {}",
+                    t.grad_clip.unwrap_or(f64::NAN)
+                ),
+            ),
+            (
+                t.min_lr >= 0.0 && t.min_lr.is_finite(),
+                format!("train.min_lr must be ≥ 0, got {}", t.min_lr),
+            ),
+            (
+                t.schedule != Schedule::Cosine || t.min_lr <= t.lr,
+                format!(
+                    "train.min_lr ({}) must not exceed train.lr ({}): the cosine schedule decays from lr to min_lr",
+                    t.min_lr, t.lr
+                ),
+            ),
+            (
+                t.warmup_steps <= t.steps,
+                format!(
+                    "train.warmup_steps ({}) must not exceed train.steps ({})",
+                    t.warmup_steps, t.steps
+                ),
+            ),
+            positive("train.log_every", t.log_every),
+            positive("train.checkpoint_every", t.checkpoint_every),
+            positive("eval.every", e.every),
+            positive("eval.examples", e.examples),
+            positive("eval.batch_size", e.batch_size),
+            (
+                e.early_stop_acc.is_none_or(|a| a > 0.0 && a <= 1.0),
+                format!(
+                    "eval.early_stop_acc is an accuracy in (0, 1] (leave the key out to never stop early), got {}",
+                    e.early_stop_acc.unwrap_or(f64::NAN)
+                ),
+            ),
+            (
+                e.patience != Some(0),
+                "eval.patience must be at least 1 evaluation when set, got 0".into(),
+            ),
+            (
+                !(lm && e.test_seq_len.is_some()),
+                "eval.test_seq_len applies to the synthetic tasks; evaluate a language model at \
+                 another length with `loglinear eval RUN --set task.seq_len=T`"
+                    .into(),
+            ),
+            positive("model.d_model", m.d_model),
+            positive("model.n_layers", m.n_layers),
+            positive("model.heads", m.heads),
+            positive("model.head_dim", m.head_dim),
+            positive("model.d_state", m.d_state),
+            positive("model.expand", m.expand),
+            positive("model.n_groups", m.n_groups),
+            positive("model.conv_kernel", m.conv_kernel),
+            positive("model.mlp_hidden", m.mlp_hidden),
+            (
+                m.mlp_width != Some(0),
+                "model.mlp_width must be positive when set, got 0".into(),
+            ),
+            (
+                m.levels != Some(0),
+                "model.levels must be positive when set, got 0".into(),
+            ),
+            (
+                m.initializer_range > 0.0 && m.initializer_range.is_finite(),
+                format!(
+                    "model.initializer_range must be a positive standard deviation, got {}",
+                    m.initializer_range
+                ),
             ),
             (
                 m.chunk.is_power_of_two(),
@@ -366,10 +453,6 @@ impl ExperimentConfig {
                     num_levels(self.max_seq_len())
                 ),
             ),
-            (
-                t.log_every > 0 && t.checkpoint_every > 0,
-                "train.log_every and train.checkpoint_every must be positive".into(),
-            ),
         ];
         if let Some((_, msg)) = checks.iter().find(|(ok, _)| !ok) {
             bail!("{msg}");
@@ -378,15 +461,26 @@ impl ExperimentConfig {
             self.task
                 .with_seq_len(test)
                 .validate()
-                .map_err(|e| anyhow::anyhow!("eval.test_seq_len = {test}: {e}"))?;
-        }
-        if let Some(acc) = self.eval.early_stop_acc
-            && !(0.0..=1.0).contains(&acc)
-        {
-            bail!("eval.early_stop_acc is a fraction in [0, 1], got {acc}");
+                .map_err(|e| anyhow::anyhow!("eval.test_seq_len = {test}: {}", task_error(&e)))?;
         }
         crate::model::check_model_config(self)?;
         Ok(())
+    }
+}
+
+/// `(value ≥ 1, "KEY must be at least 1, got 0")`.
+fn positive(key: &str, value: usize) -> (bool, String) {
+    (value > 0, format!("{key} must be at least 1, got {value}"))
+}
+
+/// A task's error with its key path, e.g. `task.mqar.num_kv_pairs must be at least 1`.
+fn task_error(e: &crate::tasks::TaskError) -> anyhow::Error {
+    match e {
+        crate::tasks::TaskError::Invalid {
+            task,
+            field,
+            constraint,
+        } => anyhow::anyhow!("task.{task}.{field} {constraint}"),
     }
 }
 

@@ -35,6 +35,26 @@ impl Sampling {
         top_p: 1.0,
     };
 
+    /// The sampling of `loglinear generate`'s flags, each checked against its meaningful range
+    /// (the error names the flag): `--temperature` ≥ 0 (0 = greedy), `--top-k` ≥ 1 when given
+    /// (absent = every token), `--top-p` in (0, 1].
+    pub fn from_flags(temperature: f64, top_k: Option<usize>, top_p: f64) -> Result<Sampling> {
+        if !(temperature >= 0.0 && temperature.is_finite()) {
+            bail!("--temperature must be ≥ 0 (0 = greedy), got {temperature}");
+        }
+        if top_k == Some(0) {
+            bail!("--top-k must be at least 1 (leave it out to keep every token), got 0");
+        }
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            bail!("--top-p is a probability in (0, 1] (1 = every token), got {top_p}");
+        }
+        Ok(Sampling {
+            temperature,
+            top_k: top_k.unwrap_or(0),
+            top_p,
+        })
+    }
+
     /// Chooses a token from logits (host values).
     pub fn pick(&self, logits: &[f64], rng: &mut impl Rng) -> u32 {
         let argmax = || {

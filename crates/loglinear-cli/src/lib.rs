@@ -15,6 +15,7 @@ pub mod pack;
 #[cfg(feature = "persistence")]
 pub mod profile;
 pub mod report;
+pub mod run_dir;
 pub mod sweep;
 pub mod tasks;
 pub mod train;

@@ -29,7 +29,8 @@ enum Command {
     Eval(EvalArgs),
     /// Run every point of a config's [sweep] table (restartable) and summarise over seeds.
     Sweep(SweepArgs),
-    /// Rebuild a sweep directory's summary.md, summary.csv and plots from its finished runs.
+    /// Rebuild a sweep directory's summary.md, summary.csv and plots from its finished runs
+    /// (or summarise one finished run folder).
     Summarize(SummarizeArgs),
     /// Train several sweep runs as one pack (started by `sweep --jobs N`; each folder holds its
     /// run's `point.toml`).
@@ -67,13 +68,13 @@ struct GenerateArgs {
     /// Tokens to generate.
     #[arg(long, default_value_t = 100)]
     max_tokens: usize,
-    /// Sampling temperature (0 = greedy).
+    /// Sampling temperature, ≥ 0 (0 = greedy).
     #[arg(long, default_value_t = 0.8)]
     temperature: f64,
-    /// Keep the k most likely tokens (0 = all).
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    /// Nucleus sampling: keep tokens up to this cumulative probability.
+    /// Keep the k most likely tokens (default: all).
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Nucleus sampling: keep tokens up to this cumulative probability, in (0, 1].
     #[arg(long, default_value_t = 1.0)]
     top_p: f64,
     /// Sampling seed.
@@ -132,9 +133,11 @@ enum BenchCommand {
     },
     /// Per-token decoding latency and cache bytes vs a Transformer's KV cache.
     Decode {
-        /// Context lengths (comma-separated).
-        #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384,65536")]
-        contexts: Vec<usize>,
+        /// Context lengths (comma-separated); default 1024,4096,16384,65536 on GPUs and
+        /// 256,1024,4096 on the CPU, where the Transformer's prefill of the longer contexts
+        /// takes minutes.
+        #[arg(long, value_delimiter = ',')]
+        contexts: Option<Vec<usize>>,
         /// Model width (heads of 64).
         #[arg(long, default_value_t = 256)]
         d_model: usize,
@@ -222,7 +225,7 @@ struct TrainPackArgs {
 
 #[derive(Args, Debug)]
 struct SummarizeArgs {
-    /// Sweep directory written by `loglinear sweep`.
+    /// Sweep directory written by `loglinear sweep`, or a run folder of `loglinear train`.
     dir: PathBuf,
 }
 
@@ -275,9 +278,13 @@ struct TrainArgs {
     /// Run directory (default runs/<name>).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Continue from the run directory's latest checkpoint.
+    /// Continue the run in --out from its latest checkpoint (same config; a folder without a
+    /// run starts from step 0).
     #[arg(long)]
     resume: bool,
+    /// Replace the run in --out (its checkpoints, best weights and metrics) with a new one.
+    #[arg(long, conflicts_with = "resume")]
+    overwrite: bool,
     /// Stop after this many steps of this invocation (to test resuming).
     #[arg(long, hide = true)]
     stop_after: Option<usize>,
@@ -316,6 +323,7 @@ fn run_train(args: TrainArgs) -> Result<()> {
         out: out.clone(),
         device: parse_device(&args.common.device)?,
         resume: args.resume,
+        overwrite: args.overwrite,
         progress: true,
         stop_after: args.stop_after,
     };
@@ -392,6 +400,19 @@ fn run_sweep(args: SweepArgs) -> Result<()> {
         .map(|c| c.name)
         .unwrap_or_else(|_| "sweep".into());
     let out = args.out.unwrap_or_else(|| PathBuf::from("runs").join(name));
+    if args.jobs == 0 {
+        anyhow::bail!("--jobs must be at least 1, got 0");
+    }
+    // Language-model data are checked before the sweep writes anything (a sweep that cannot
+    // start leaves no folder behind).
+    let mut checked = std::collections::BTreeSet::new();
+    for (_, config) in file.expand()? {
+        if let loglinear_cli::tasks::TaskConfig::Lm(lm) = &config.task
+            && checked.insert(lm.data.clone())
+        {
+            train::RunData::load(&config)?;
+        }
+    }
     let opts = sweep::SweepOptions {
         device: args.common.device.clone(),
         jobs: args.jobs,
@@ -517,7 +538,24 @@ fn run_bench(cmd: BenchCommand) -> Result<()> {
             layers,
             steps,
             device,
-        } => bench::bench_decode(&contexts, d_model, layers, steps, &parse_device(&device)?)?,
+        } => {
+            let contexts = contexts.unwrap_or_else(|| {
+                if device == "cpu" {
+                    vec![256, 1024, 4096]
+                } else {
+                    vec![1024, 4096, 16384, 65536]
+                }
+            });
+            if contexts.contains(&0) || steps == 0 || layers == 0 {
+                anyhow::bail!("bench decode: --contexts, --steps and --layers must be at least 1");
+            }
+            if d_model == 0 || d_model % 64 != 0 {
+                anyhow::bail!(
+                    "bench decode: --d-model must be a positive multiple of 64 (heads of 64), got {d_model}"
+                );
+            }
+            bench::bench_decode(&contexts, d_model, layers, steps, &parse_device(&device)?)?
+        }
         BenchCommand::Train {
             d_model,
             layers,
@@ -563,11 +601,7 @@ fn run_generate(args: GenerateArgs) -> Result<()> {
     let opts = generate::GenerateOptions {
         prompt: args.prompt,
         max_tokens: args.max_tokens,
-        sampling: generate::Sampling {
-            temperature: args.temperature,
-            top_k: args.top_k,
-            top_p: args.top_p,
-        },
+        sampling: generate::Sampling::from_flags(args.temperature, args.top_k, args.top_p)?,
         seed: args.seed,
     };
     generate::run(&args.run, &opts, &parse_device(&args.device)?)

@@ -15,7 +15,7 @@ use std::fs;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
@@ -383,23 +383,10 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
         .collect()
 }
 
-/// The run folder as `train` leaves it before its first step: created, and its resolved config
-/// written (a resumed run must have been written by the same config).
+/// The run folder as `train --resume` leaves it before its first step: created with its
+/// identity, or an existing run of the same config continued (see [`crate::run_dir`]).
 fn prepare_folder(cfg: &ExperimentConfig, out: &std::path::Path) -> Result<()> {
-    fs::create_dir_all(out)
-        .with_context(|| format!("cannot create run directory {}", out.display()))?;
-    let resolved = toml::to_string_pretty(cfg).context("cannot serialise the config")?;
-    let config_path = out.join("config.toml");
-    if config_path.exists() {
-        let previous = fs::read_to_string(&config_path)?;
-        if previous != resolved {
-            bail!(
-                "{} was written by a different config; resume with the same config or use a new --out",
-                config_path.display()
-            );
-        }
-    }
-    checkpoint::write_atomic(&config_path, resolved.as_bytes())
+    crate::run_dir::open(out, cfg, true, false).map(|_| ())
 }
 
 /// Replica `i` as the standalone model its run would have.

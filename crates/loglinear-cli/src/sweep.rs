@@ -128,6 +128,7 @@ pub fn run_sweep(file: &ConfigFile, out: &Path, opts: &SweepOptions) -> Result<V
                     out: dir,
                     device: device.clone(),
                     resume: true,
+                    overwrite: false,
                     progress: opts.progress,
                     stop_after: None,
                 };
@@ -364,11 +365,7 @@ pub fn mean_std(values: &[f64]) -> (f64, f64) {
 /// Reads every finished run of a sweep directory and writes `summary.md`, `summary.csv` and
 /// the plots (accuracy vs the swept variable, one series per λ mode).
 pub fn summarise(sweep_dir: &Path) -> Result<Vec<SummaryRow>> {
-    let index_path = sweep_dir.join("sweep.json");
-    let index: SweepIndex = serde_json::from_slice(
-        &fs::read(&index_path).with_context(|| format!("cannot read {}", index_path.display()))?,
-    )
-    .with_context(|| format!("{} is not a sweep index", index_path.display()))?;
+    let index = read_index(sweep_dir)?;
     let mut groups: BTreeMap<Vec<(String, String)>, Vec<(String, RunSummary)>> = BTreeMap::new();
     for point in &index.points {
         let path = sweep_dir.join(&point.dir).join("summary.json");
@@ -436,6 +433,37 @@ pub fn summarise(sweep_dir: &Path) -> Result<Vec<SummaryRow>> {
     plot_summary(sweep_dir, &rows, &keys)?;
     plot_all_curves(sweep_dir, &index)?;
     Ok(rows)
+}
+
+/// The sweep's `sweep.json`; a single run folder (from `loglinear train`) is a sweep of one
+/// point, itself.
+fn read_index(dir: &Path) -> Result<SweepIndex> {
+    let index_path = dir.join("sweep.json");
+    if !index_path.exists() && dir.join("config.toml").exists() {
+        if !dir.join("summary.json").exists() {
+            anyhow::bail!(
+                "{} is a run folder whose run has not finished (no summary.json): nothing to summarise yet",
+                dir.display()
+            );
+        }
+        return Ok(SweepIndex {
+            keys: Vec::new(),
+            points: vec![SweepPoint {
+                dir: ".".into(),
+                values: BTreeMap::new(),
+            }],
+        });
+    }
+    if !index_path.exists() {
+        anyhow::bail!(
+            "{} is neither a sweep folder (no sweep.json) nor a run folder (no config.toml)",
+            dir.display()
+        );
+    }
+    serde_json::from_slice(
+        &fs::read(&index_path).with_context(|| format!("cannot read {}", index_path.display()))?,
+    )
+    .with_context(|| format!("{} is not a sweep index", index_path.display()))
 }
 
 /// Sort key that puts numbers in numeric order and before words.

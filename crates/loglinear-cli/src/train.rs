@@ -34,6 +34,9 @@ pub struct RunOptions {
     pub device: Device,
     /// Continue from the latest checkpoint in `out` if there is one.
     pub resume: bool,
+    /// Replace the run in `out` (see [`crate::run_dir`]); without it or `resume`, a folder
+    /// that holds anything is refused.
+    pub overwrite: bool,
     /// Show a progress bar.
     pub progress: bool,
     /// Stop (as if killed) after this many steps of this invocation: for tests of resuming.
@@ -429,24 +432,13 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
     let started = Instant::now();
     let cfg = &cfg.resolved();
     let out = &opts.out;
-    fs::create_dir_all(out)
-        .with_context(|| format!("cannot create run directory {}", out.display()))?;
-    let resolved = toml::to_string_pretty(cfg).context("cannot serialise the config")?;
-    let config_path = out.join("config.toml");
-    if opts.resume && config_path.exists() {
-        let previous = fs::read_to_string(&config_path)?;
-        if previous != resolved {
-            bail!(
-                "{} was written by a different config; resume with the same config or use a new --out",
-                config_path.display()
-            );
-        }
-    }
-    checkpoint::write_atomic(&config_path, resolved.as_bytes())?;
+    // The data first, so that a run which cannot start leaves no folder behind; then the run
+    // folder: new, resumed or replaced, never mixed with another run (run_dir).
+    let data = RunData::load(cfg)?;
+    crate::run_dir::open(out, cfg, opts.resume, opts.overwrite)?;
     let metrics = out.join("metrics.jsonl");
 
     let t = &cfg.train;
-    let data = RunData::load(cfg)?;
     let lm = cfg.task.is_lm();
 
     let device = opts.device.clone().autodiff();

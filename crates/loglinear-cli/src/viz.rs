@@ -5,14 +5,17 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use burn::prelude::*;
+use burn::tensor::TensorData;
 use loglinear::fenwick;
 
 use crate::checkpoint;
-use crate::config::{ConfigFile, ExperimentConfig};
+use crate::config::{Arch, ConfigFile, ExperimentConfig};
+use crate::data::LmData;
 use crate::model::Model;
 use crate::report::{self, LineOpts, Series, Shade};
+use crate::tasks::TaskConfig;
 use crate::train::{batch_tensors, read_metrics};
 
 /// λ of one run on a fixed batch.
@@ -39,18 +42,43 @@ pub fn occupied(t: usize, l: usize) -> bool {
     !fenwick::bucket(t, l).is_empty()
 }
 
-/// Loads a run's best model and traces λ on the first `samples` held-out sequences.
+/// Loads a run's best model and traces λ on the first `samples` held-out sequences (language
+/// models: the first windows of the evaluation split of the prepared corpus).
 pub fn trace_run(run_dir: &Path, samples: usize, device: &Device) -> Result<LambdaTrace> {
+    if samples == 0 {
+        bail!("--samples must be at least 1, got 0");
+    }
     let file = ConfigFile::load(&run_dir.join("config.toml"), &[])
         .with_context(|| format!("{} is not a run directory", run_dir.display()))?;
     let config = file.config()?;
+    if config.model.arch == Arch::Transformer {
+        bail!(
+            "{} is a softmax Transformer run: it has no λ to plot",
+            run_dir.display()
+        );
+    }
     let mut model = Model::new(&config, device);
     checkpoint::load_run_model(run_dir, &mut model)?;
-    let pool = config
-        .task
-        .generate(samples, config.seed.wrapping_add(config.eval.seed_offset))?;
-    let indices: Vec<usize> = (0..pool.len()).collect();
-    let (inputs, _) = batch_tensors(&pool, &indices, device);
+    let inputs = match &config.task {
+        TaskConfig::Lm(lm) => {
+            let data = LmData::open(&lm.data)?;
+            let (rows, x, _) = data.window_batch(&lm.eval_split, 0, samples, lm.seq_len)?;
+            if rows == 0 {
+                bail!(
+                    "{}: the {} split has no window",
+                    lm.data.display(),
+                    lm.eval_split
+                );
+            }
+            let x: Vec<i64> = x.into_iter().map(i64::from).collect();
+            Tensor::<2, Int>::from_data(TensorData::new(x, vec![rows, lm.seq_len]), device)
+        }
+        task => {
+            let pool = task.generate(samples, config.seed.wrapping_add(config.eval.seed_offset))?;
+            let indices: Vec<usize> = (0..pool.len()).collect();
+            batch_tensors(&pool, &indices, device).0
+        }
+    };
     let out = model.forward(inputs, config.model.form_on(device), true);
     let dims = out
         .lambda
@@ -116,8 +144,9 @@ pub fn visualise_run(
     samples: usize,
     device: &Device,
 ) -> Result<Vec<PathBuf>> {
-    fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    // Trace first: a run that cannot be traced leaves no empty output folder behind.
     let trace = trace_run(run_dir, samples, device)?;
+    fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let mut written = Vec::new();
     let csv = out.join("lambda.csv");
     write_csv(&trace, &csv)?;
@@ -227,6 +256,27 @@ pub fn plot_curves(run_dir: &Path, out: &Path) -> Result<Vec<PathBuf>> {
         }],
         &LineOpts::default(),
     )?;
+    let ppl = series("eval_ppl", 1.0);
+    if !ppl.is_empty() {
+        // Language models: validation perplexity (log scale), not next-token accuracy.
+        written.extend(report::line_plot(
+            out,
+            "curve_perplexity",
+            "Validation perplexity during training",
+            "step",
+            "perplexity (token-weighted)",
+            &[Series {
+                name: "validation perplexity".into(),
+                points: ppl,
+                err: None,
+            }],
+            &LineOpts {
+                log_y: true,
+                ..LineOpts::default()
+            },
+        )?);
+        return Ok(written);
+    }
     let mut acc = vec![Series {
         name: "held-out accuracy".into(),
         points: series("eval_acc", 100.0),
@@ -262,11 +312,11 @@ pub fn compare_runs(
     samples: usize,
     device: &Device,
 ) -> Result<Vec<PathBuf>> {
-    fs::create_dir_all(out)?;
     let traces = runs
         .iter()
         .map(|r| trace_run(r, samples, device))
         .collect::<Result<Vec<_>>>()?;
+    fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let label = |tr: &LambdaTrace, r: &Path| {
         format!(
             "{} ({})",
