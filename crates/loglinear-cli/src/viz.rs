@@ -57,7 +57,7 @@ pub fn trace_run(run_dir: &Path, samples: usize, device: &Device) -> Result<Lamb
         .first()
         .map(|l| l.dims())
         .context("the model has no layers")?;
-    let layers = out.lambda.iter().map(loglinear::testing::to_f64).collect();
+    let layers = out.lambda.iter().map(loglinear::host::to_f64).collect();
     Ok(LambdaTrace {
         config,
         layers,

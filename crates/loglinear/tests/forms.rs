@@ -5,21 +5,11 @@ use burn::prelude::*;
 use burn::tensor::DType;
 use loglinear::fenwick::num_levels;
 use loglinear::ops::{Dims, Form, LogLinearInput, log_linear_attn};
-use loglinear::testing::{HostInput, assert_close, closeness, run_with_grads, to_f64};
+use loglinear::host::{HostInput, closeness, to_f64};
+use loglinear::testing::{assert_close, run_with_grads, test_seed};
 
 fn dev() -> Device {
     Device::flex().autodiff()
-}
-
-/// A fresh seed per run (so repeated CI runs draw new inputs), printed for reproduction.
-fn fresh_seed(tag: u64) -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as u64;
-    let seed = nanos ^ tag.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    eprintln!("seed for tag {tag}: {seed}");
-    seed
 }
 
 fn dims(b: usize, t: usize, h: usize, n: usize, p: usize) -> Dims {
@@ -86,7 +76,7 @@ fn parallel_matches_the_plain_f64_definition() {
     {
         let x = LogLinearInput::random(
             dims(b, t, h, n, p),
-            fresh_seed(i as u64),
+            test_seed(i as u64),
             DType::F64,
             &dev(),
         );
@@ -111,7 +101,7 @@ fn chunked_matches_parallel_f64_all_chunks() {
         (1, 70, 2, 4, 6),
     ];
     for (i, (b, t, h, n, p)) in shapes.into_iter().enumerate() {
-        let seed = fresh_seed(100 + i as u64);
+        let seed = test_seed(100 + i as u64);
         let x = LogLinearInput::random(dims(b, t, h, n, p), seed, DType::F64, &dev());
         for chunk in ALL_CHUNKS {
             check_form(&x, Form::Chunked { chunk }, 1e-11, 1e-10, seed);
@@ -121,7 +111,7 @@ fn chunked_matches_parallel_f64_all_chunks() {
 
 #[test]
 fn chunked_matches_parallel_f64_t200() {
-    let seed = fresh_seed(200);
+    let seed = test_seed(200);
     let x = LogLinearInput::random(dims(2, 200, 2, 8, 4), seed, DType::F64, &dev());
     for chunk in [1, 8, 64] {
         check_form(&x, Form::Chunked { chunk }, 1e-11, 1e-10, seed);
@@ -133,7 +123,7 @@ fn fused_entry_point_matches_parallel_f64_on_the_cpu() {
     // On a device without kernels `Form::Fused` is the chunked fallback (the kernels themselves
     // are tested in tests/kernels.rs on WGPU and by `loglinear bench kernels` on CUDA); the
     // entry point must still give the op and all its gradients.
-    let seed = fresh_seed(201);
+    let seed = test_seed(201);
     let x = LogLinearInput::random(dims(2, 70, 2, 8, 4), seed, DType::F64, &dev());
     check_form(&x, Form::Fused, 1e-11, 1e-10, seed);
 }
@@ -149,7 +139,7 @@ fn recurrent_matches_parallel_f64() {
     .into_iter()
     .enumerate()
     {
-        let seed = fresh_seed(300 + i as u64);
+        let seed = test_seed(300 + i as u64);
         let x = LogLinearInput::random(dims(b, t, h, n, p), seed, DType::F64, &dev());
         check_form(&x, Form::Recurrent, 1e-11, 1e-10, seed);
     }
@@ -167,7 +157,7 @@ fn forms_match_parallel_f32() {
     .into_iter()
     .enumerate()
     {
-        let seed = fresh_seed(400 + i as u64);
+        let seed = test_seed(400 + i as u64);
         let x32 = LogLinearInput::random(dims(b, t, h, n, p), seed, DType::F32, &dev());
         let x64 = HostInput::from_input(&x32).to_input(DType::F64, &dev());
         let d_o = random_cotangent(&x64, seed ^ 7);
@@ -191,7 +181,7 @@ fn forms_match_parallel_f32() {
 /// one run over the whole: outputs, all gradients (through the carried state) and final state.
 #[test]
 fn continuation_from_a_state_equals_one_pass() {
-    let seed = fresh_seed(500);
+    let seed = test_seed(500);
     let (b, t, h, n, p) = (2, 150, 2, 4, 3);
     let x = LogLinearInput::random(dims(b, t, h, n, p), seed, DType::F64, &dev());
     let d_o = random_cotangent(&x, seed ^ 3);
@@ -238,7 +228,7 @@ fn continuation_from_a_state_equals_one_pass() {
 
 #[test]
 fn chunked_final_state_equals_recurrent_state() {
-    let seed = fresh_seed(600);
+    let seed = test_seed(600);
     for t in [1, 2, 7, 63, 64, 65, 70, 128] {
         let x = LogLinearInput::random(dims(2, t, 2, 3, 4), seed + t as u64, DType::F64, &dev());
         let (_, rec) = loglinear::ops::recurrent(&x, None);
@@ -263,7 +253,7 @@ fn chunked_final_state_equals_recurrent_state() {
 
 #[test]
 fn causality_future_inputs_do_not_change_the_past() {
-    let seed = fresh_seed(700);
+    let seed = test_seed(700);
     let (t, cut) = (70, 41);
     let x = LogLinearInput::random(dims(1, t, 2, 4, 4), seed, DType::F64, &dev());
     let y = LogLinearInput::random(dims(1, t, 2, 4, 4), seed ^ 99, DType::F64, &dev());
@@ -314,7 +304,7 @@ fn causality_future_inputs_do_not_change_the_past() {
 /// λ ≡ 1 is plain Mamba-2: `S_t = a_t S_{t−1} + k_t v_tᵀ`, `o_t = q_tᵀ S_t`.
 #[test]
 fn lambda_one_is_plain_mamba2() {
-    let seed = fresh_seed(800);
+    let seed = test_seed(800);
     let (b, t, h, n, p) = (2, 70, 2, 3, 2);
     let mut x = LogLinearInput::random(dims(b, t, h, n, p), seed, DType::F64, &dev());
     x.lambda = x.lambda.ones_like();
@@ -415,7 +405,7 @@ fn oracle_o3_o4_decayed_case() {
 /// the plain-loop definition, plus the identities Σ_ℓ λ·dλ = Σ_s dM·M per row and dg₀ = 0.
 #[test]
 fn oracle_o10_finite_differences() {
-    let seed = fresh_seed(1000);
+    let seed = test_seed(1000);
     let x = LogLinearInput::random(dims(1, 9, 2, 3, 2), seed, DType::F64, &dev());
     let host = HostInput::from_input(&x);
     let d_o = random_cotangent(&x, seed ^ 5);
@@ -482,7 +472,7 @@ fn too_few_levels_is_refused_with_the_need() {
 /// f64 reference as bf16 rounding of the inputs and output allows.
 #[test]
 fn half_precision_inputs_compute_in_f32() {
-    let seed = fresh_seed(1100);
+    let seed = test_seed(1100);
     let x64 = LogLinearInput::random(dims(2, 150, 2, 16, 8), seed, DType::F64, &dev());
     let x16 = HostInput::from_input(&x64).to_input(DType::BF16, &dev());
     // the reference sees the same bf16-rounded inputs

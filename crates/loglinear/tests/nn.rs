@@ -8,7 +8,8 @@ use loglinear::fenwick::num_levels;
 use loglinear::nn::init::Init;
 use loglinear::nn::{LambdaConfig, LambdaMlp, LambdaMode, LmConfig, LogLinearMamba2, MixerConfig};
 use loglinear::ops::{Dims, Form};
-use loglinear::testing::{HostInput, assert_close, perturbed, to_f64, uniform_values};
+use loglinear::host::{HostInput, to_f64};
+use loglinear::testing::{assert_close, perturbed, uniform_values};
 
 fn dev() -> Device {
     Device::flex()
