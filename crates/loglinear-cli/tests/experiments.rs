@@ -382,7 +382,7 @@ fn eval_and_viz_read_a_finished_run() {
         "lambda_layer0_head0.png",
         "lambda_layer1_head0.svg",
         "lambda_histogram.png",
-        "lambda_mean_per_level.png",
+        "lambda_per_level.png",
         "curve_loss.png",
         "curve_accuracy.svg",
     ] {
