@@ -4,8 +4,8 @@
 use burn::prelude::*;
 use burn::tensor::DType;
 use loglinear::fenwick::num_levels;
-use loglinear::ops::{Dims, Form, LogLinearInput, log_linear_attn};
 use loglinear::host::{HostInput, closeness, to_f64};
+use loglinear::ops::{Dims, Form, LogLinearInput, log_linear_attn};
 use loglinear::testing::{assert_close, run_with_grads, test_seed};
 
 fn dev() -> Device {
@@ -74,12 +74,8 @@ fn parallel_matches_the_plain_f64_definition() {
     .into_iter()
     .enumerate()
     {
-        let x = LogLinearInput::random(
-            dims(b, t, h, n, p),
-            test_seed(i as u64),
-            DType::F64,
-            &dev(),
-        );
+        let x =
+            LogLinearInput::random(dims(b, t, h, n, p), test_seed(i as u64), DType::F64, &dev());
         let host = HostInput::from_input(&x);
         let o = log_linear_attn(&x, Form::Parallel, None, false).o;
         assert_close(
@@ -402,47 +398,88 @@ fn oracle_o3_o4_decayed_case() {
 }
 
 /// O10: gradients of the parallel form (autodiff, f64) against central finite differences of
-/// the plain-loop definition, plus the identities Σ_ℓ λ·dλ = Σ_s dM·M per row and dg₀ = 0.
+/// the plain-loop definition, at two shapes (B, H > 1, N ≠ P, one λ slot more than needed); and
+/// the identities of an op linear in λ[t], in q[t] and in v: per query row
+/// `Σ_ℓ λ·dλ = Σ_p o·do = Σ_n q·dq`, and over everything `Σ v·dv = Σ o·do`; and `dg₀ = 0`.
 #[test]
-fn oracle_o10_finite_differences() {
-    let seed = test_seed(1000);
-    let x = LogLinearInput::random(dims(1, 9, 2, 3, 2), seed, DType::F64, &dev());
-    let host = HostInput::from_input(&x);
-    let d_o = random_cotangent(&x, seed ^ 5);
-    let dov = to_f64(&d_o);
-    let analytic = run_with_grads(&x, &d_o, Form::Parallel, None);
-    let objective = |h: &HostInput| -> f64 {
-        h.reference_output()
-            .iter()
-            .zip(&dov)
-            .map(|(a, b)| a * b)
-            .sum()
-    };
-    let eps = 1e-6;
-    let fields: [(&str, fn(&mut HostInput) -> &mut Vec<f64>); 5] = [
-        ("dq", |h| &mut h.q),
-        ("dk", |h| &mut h.k),
-        ("dv", |h| &mut h.v),
-        ("dg", |h| &mut h.g),
-        ("dlambda", |h| &mut h.lambda),
-    ];
-    for ((name, field), (gname, grad)) in fields.iter().zip(&analytic.grads) {
-        assert_eq!(name, gname);
-        let len = field(&mut host.clone()).len();
-        let mut numeric = vec![0.0; len];
-        for (i, out) in numeric.iter_mut().enumerate() {
-            let mut plus = host.clone();
-            field(&mut plus)[i] += eps;
-            let mut minus = host.clone();
-            field(&mut minus)[i] -= eps;
-            *out = (objective(&plus) - objective(&minus)) / (2.0 * eps);
+fn oracle_o10_finite_differences_and_identities() {
+    for (i, (b, t, h, n, p, extra)) in [(1, 9, 2, 3, 2, 0), (2, 6, 1, 2, 3, 1)]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = test_seed(1000 + i as u64);
+        let d = Dims {
+            l: num_levels(t) + extra,
+            ..dims(b, t, h, n, p)
+        };
+        let x = LogLinearInput::random(d, seed, DType::F64, &dev());
+        let host = HostInput::from_input(&x);
+        let d_o = random_cotangent(&x, seed ^ 5);
+        let dov = to_f64(&d_o);
+        let analytic = run_with_grads(&x, &d_o, Form::Parallel, None);
+        let ctx = format!("O10 {d:?}");
+
+        // Σ over a row of a ⊙ da, for rows of `width` values
+        let rows = |a: &[f64], da: &[f64], width: usize| -> Vec<f64> {
+            (a.chunks(width).zip(da.chunks(width)))
+                .map(|(a, da)| a.iter().zip(da).map(|(x, y)| x * y).sum())
+                .collect()
+        };
+        let o_do = rows(&analytic.o, &dov, p);
+        let grad = |name: &str| &analytic.grads.iter().find(|g| g.0 == name).unwrap().1;
+        let scale = o_do.iter().fold(0f64, |m, v| m.max(v.abs()));
+        for (name, input, width) in [("dlambda", &host.lambda, d.l), ("dq", &host.q, n)] {
+            let got = rows(input, grad(name), width);
+            for (r, (a, e)) in got.iter().zip(&o_do).enumerate() {
+                assert!(
+                    (a - e).abs() <= 1e-12 * scale,
+                    "{ctx}: row {r}: Σ {name}·input = {a} but Σ o·do = {e}"
+                );
+            }
         }
-        assert_close(&format!("O10 {name}"), &numeric, grad, 1e-7);
-    }
-    // dg at t = 0 is exactly zero for every batch row and head: the first decay never matters.
-    let dg = &analytic.grads[3].1;
-    for hi in 0..2 {
-        assert!(dg[hi].abs() < 1e-12, "dg_0 = {}", dg[hi]);
+        let total: f64 = o_do.iter().sum();
+        let v_dv: f64 = rows(&host.v, grad("dv"), 1).iter().sum();
+        assert!(
+            (v_dv - total).abs() <= 1e-12 * scale * o_do.len() as f64,
+            "{ctx}: Σ v·dv = {v_dv}, Σ o·do = {total}"
+        );
+
+        let objective = |h: &HostInput| -> f64 {
+            h.reference_output()
+                .iter()
+                .zip(&dov)
+                .map(|(a, b)| a * b)
+                .sum()
+        };
+        let eps = 1e-6;
+        let fields: [(&str, fn(&mut HostInput) -> &mut Vec<f64>); 5] = [
+            ("dq", |h| &mut h.q),
+            ("dk", |h| &mut h.k),
+            ("dv", |h| &mut h.v),
+            ("dg", |h| &mut h.g),
+            ("dlambda", |h| &mut h.lambda),
+        ];
+        for ((name, field), (gname, grad)) in fields.iter().zip(&analytic.grads) {
+            assert_eq!(name, gname);
+            let len = field(&mut host.clone()).len();
+            let mut numeric = vec![0.0; len];
+            for (i, out) in numeric.iter_mut().enumerate() {
+                let mut plus = host.clone();
+                field(&mut plus)[i] += eps;
+                let mut minus = host.clone();
+                field(&mut minus)[i] -= eps;
+                *out = (objective(&plus) - objective(&minus)) / (2.0 * eps);
+            }
+            assert_close(&format!("{ctx} {name}"), &numeric, grad, 1e-7);
+        }
+        // dg at t = 0 is exactly zero for every batch row and head: the first decay never matters.
+        let dg = grad("dg");
+        for bi in 0..b {
+            for hi in 0..h {
+                let v = dg[bi * t * h + hi];
+                assert!(v.abs() < 1e-12, "{ctx}: dg_0 = {v} (batch {bi}, head {hi})");
+            }
+        }
     }
 }
 
