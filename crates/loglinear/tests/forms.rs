@@ -452,7 +452,8 @@ fn oracle_o10_finite_differences_and_identities() {
                 .sum()
         };
         let eps = 1e-6;
-        let fields: [(&str, fn(&mut HostInput) -> &mut Vec<f64>); 5] = [
+        type Field = fn(&mut HostInput) -> &mut Vec<f64>;
+        let fields: [(&str, Field); 5] = [
             ("dq", |h| &mut h.q),
             ("dk", |h| &mut h.k),
             ("dv", |h| &mut h.v),

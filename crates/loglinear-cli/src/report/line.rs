@@ -70,7 +70,7 @@ impl LineFig {
         };
         // powers of two on x when every x is one (sequence lengths)
         let pow2 =
-            |v: f64| v >= 1.0 && v < 1e18 && v.fract() == 0.0 && (v as u64).is_power_of_two();
+            |v: f64| (1.0..1e18).contains(&v) && v.fract() == 0.0 && (v as u64).is_power_of_two();
         let powers = (0..60)
             .map(|k| 2f64.powi(k))
             .filter(|v| (x.0..=x.1).contains(v));
