@@ -159,14 +159,7 @@ impl Figure for Clusters {
             Item::Bar(v, e) => [v - e.unwrap_or(0.0), v + e.unwrap_or(0.0), 0.0],
             Item::Spread(q) => [q.q10, q.q90, q.q10],
         }));
-        let (plo, phi) = padded((lo, hi), 0.06, false);
-        // bars start at zero, and a quantity ≥ 0 (λ) keeps its axis at or above zero
-        let bottom = if lo >= 0.0 && (bars || plo < 0.0) {
-            0.0
-        } else {
-            plo
-        };
-        let y = bottom..if bars && hi <= 0.0 { 0.0 } else { phi };
+        let y = value_axis((lo, hi), bars);
         // one tick per category, thinned to at most 16 labels
         let n = self.categories.len();
         let ticks = (0..n)
@@ -253,5 +246,35 @@ impl Figure for Clusters {
             legend(&mut c, s, self.groups.len(), &paths)?;
         }
         Ok(())
+    }
+}
+
+/// The value axis over the data extent `(lo, hi)`, padded: bars start at zero, and the spreads
+/// of a quantity ≥ 0 (λ) keep the axis at or above zero.
+fn value_axis((lo, hi): (f64, f64), bars: bool) -> std::ops::Range<f64> {
+    let (plo, phi) = padded((lo, hi), 0.06, false);
+    let bottom = if lo >= 0.0 && (bars || plo < 0.0) {
+        0.0
+    } else {
+        plo
+    };
+    bottom..if bars && hi <= 0.0 { 0.0 } else { phi }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::value_axis;
+
+    #[test]
+    fn value_axis_starts_at_zero_for_bars_and_stays_above_it_for_spreads_of_positives() {
+        // spreads of λ near zero: the padding alone would reach below zero
+        assert_eq!(value_axis((0.01, 1.0), false).start, 0.0);
+        // spreads well above zero keep their padded range
+        let r = value_axis((0.9, 1.1), false);
+        assert!(0.85 < r.start && r.start < 0.9, "{r:?}");
+        // bars start at zero; negative ones get room below their lowest value and end at zero
+        assert_eq!(value_axis((0.0, 2.0), true).start, 0.0);
+        assert!(value_axis((-1.0, 2.0), true).start < -1.0);
+        assert_eq!(value_axis((-2.0, 0.0), true).end, 0.0);
     }
 }
