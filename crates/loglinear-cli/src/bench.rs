@@ -9,7 +9,7 @@ use burn::tensor::{DType, TensorData};
 use loglinear::fenwick::num_levels;
 use loglinear::nn::{LambdaMode, LmConfig, TransformerConfig};
 use loglinear::ops::{Dims, FenwickState, Form, LogLinearInput, log_linear_attn};
-use loglinear::testing::{HostInput, closeness};
+use loglinear::host::{HostInput, closeness};
 
 /// Appends `text` to the report and prints it at once, so a run cut short by a time limit still
 /// shows every figure it measured.
@@ -137,12 +137,9 @@ fn check_fused_op(device: &Device, dtype: DType, n: usize, p: usize) -> Result<f
 }
 
 /// A seed that differs between runs, so checks draw fresh inputs each time (printed with the
-/// results so a failure can be replayed).
+/// results so a failure can be replayed; `LOGLINEAR_TEST_SEED` fixes it, as in the tests).
 pub fn fresh_seed() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(1)
+    loglinear::testing::test_seed(0)
 }
 
 /// `loglinear bench kernels`: the fused kernels against the f64 parallel form on the CPU at
@@ -199,7 +196,7 @@ pub fn bench_kernels(device: &Device) -> Result<String> {
                 // At T = 1, dg is exactly 0 (the first decay never matters) and the kernels' f32
                 // cancellation leaves ~1e-4 absolute: checked absolutely.
                 let (main, by_level) = results.split_at(6);
-                let judged = |(name, c): &(&str, loglinear::testing::Closeness)| {
+                let judged = |(name, c): &(&str, loglinear::host::Closeness)| {
                     if *name == "dg" && t == 1 {
                         c.max_abs <= 1e-3
                     } else {

@@ -160,7 +160,7 @@ pub fn step(model: &Model, token: u32, cache: &mut Cache, device: &Device) -> Ve
 }
 
 fn last_row(logits: Tensor<2>) -> Vec<f64> {
-    loglinear::testing::to_f64(&logits)
+    loglinear::host::to_f64(&logits)
 }
 
 /// Logits of the last position by running the whole sequence again (no cache).

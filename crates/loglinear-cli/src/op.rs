@@ -24,7 +24,7 @@ use burn::tensor::{DType, TensorData};
 use clap::{Args, ValueEnum};
 use loglinear::fenwick::num_levels;
 use loglinear::ops::{Dims, Form, LogLinearInput, log_linear_attn};
-use loglinear::testing::{HostInput, closeness, to_f64};
+use loglinear::host::{HostInput, closeness, to_f64};
 use safetensors::{Dtype, SafeTensors};
 
 /// The bundled example input of `--example`: B=1, T=70 (a partial last chunk for C = 64 and

@@ -85,7 +85,7 @@ pub fn trace_run(run_dir: &Path, samples: usize, device: &Device) -> Result<Lamb
         .first()
         .map(|l| l.dims())
         .context("the model has no layers")?;
-    let layers = out.lambda.iter().map(loglinear::testing::to_f64).collect();
+    let layers = out.lambda.iter().map(loglinear::host::to_f64).collect();
     Ok(LambdaTrace {
         config,
         layers,
@@ -202,9 +202,10 @@ pub fn visualise_run(
         40,
     )?);
     let categories: Vec<String> = (0..l).map(|li| li.to_string()).collect();
-    let groups: Vec<(String, Vec<f64>, Option<Vec<f64>>)> = (0..trace.layers.len())
+    // λ ≥ 0, and its spread over queries is skewed: quantiles, not mean ± std (which dips below 0)
+    let groups: Vec<report::SpreadGroup> = (0..trace.layers.len())
         .map(|layer| {
-            let (means, stds): (Vec<f64>, Vec<f64>) = (0..l)
+            let spreads = (0..l)
                 .map(|li| {
                     let vals: Vec<f64> = (0..b)
                         .flat_map(|bi| {
@@ -215,18 +216,20 @@ pub fn visualise_run(
                         .flat_map(|(bi, ti)| (0..h).map(move |hi| (bi, ti, hi)))
                         .map(|(bi, ti, hi)| trace.at(layer, bi, ti, hi, li))
                         .collect();
-                    crate::sweep::mean_std(&vals)
+                    report::Spread::of(&vals)
                 })
-                .unzip();
-            (format!("layer {layer}"), means, Some(stds))
+                .collect();
+            (format!("layer {layer}"), spreads)
         })
         .collect();
-    written.extend(report::bar_chart(
+    written.extend(report::spread_chart(
         out,
-        "lambda_mean_per_level",
-        &format!("Mean λ per Fenwick level ({mode}; over the queries that read the level, ± std)"),
+        "lambda_per_level",
+        &format!(
+            "λ per Fenwick level ({mode}; queries that read the level: median, 25–75 %, 10–90 %)"
+        ),
         "Fenwick level",
-        "mean λ",
+        "λ",
         &categories,
         &groups,
     )?);
@@ -345,9 +348,8 @@ pub fn compare_runs(
             }
         }
         series.push((label(tr, r), all));
-        let (m, s): (Vec<f64>, Vec<f64>) =
-            per_level.iter().map(|v| crate::sweep::mean_std(v)).unzip();
-        groups.push((label(tr, r), m, Some(s)));
+        let spreads = per_level.iter().map(|v| report::Spread::of(v)).collect();
+        groups.push((label(tr, r), spreads));
     }
     let mut written = report::histogram(
         out,
@@ -358,12 +360,12 @@ pub fn compare_runs(
         40,
     )?;
     let categories: Vec<String> = (0..max_l).map(|l| l.to_string()).collect();
-    written.extend(report::bar_chart(
+    written.extend(report::spread_chart(
         out,
-        "lambda_mean_per_level_by_run",
-        "Mean λ per Fenwick level, per run (± std)",
+        "lambda_per_level_by_run",
+        "λ per Fenwick level, per run (median, 25–75 %, 10–90 %)",
         "Fenwick level",
-        "mean λ",
+        "λ",
         &categories,
         &groups,
     )?);

@@ -65,16 +65,70 @@ fn run_err(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// The deterministic part of a metrics file: everything but wall-clock throughput.
+/// The deterministic part of a metrics file: everything but wall-clock throughput (and the
+/// marks [`resume_from_checkpoint`] puts on the lines written before a resume).
 fn metrics_without_timing(run: &Path) -> Vec<serde_json::Value> {
     read_metrics(&run.join("metrics.jsonl"))
         .unwrap()
         .into_iter()
         .map(|mut m| {
             m.as_object_mut().unwrap().remove("tokens_per_s");
+            m.as_object_mut().unwrap().remove("before_resume");
             m
         })
         .collect()
+}
+
+/// Resumes the interrupted run in `dir` (of `steps` steps) and checks that it continued from the
+/// checkpoint that was there, not from scratch: the metric lines up to the checkpoint's step
+/// are the ones written before the resume (marked here first), every later one was written
+/// again, and the resumed invocation ran at most `steps − checkpoint` steps (`--stop-after`
+/// fails a run that would take more). A resume that restarted from step 0 would pass a
+/// comparison of the metrics alone, since batches depend only on the seed and the step.
+fn resume_from_checkpoint(config: &Path, dir: &Path, steps: usize) {
+    let latest = fs::read_to_string(dir.join("checkpoints/latest")).unwrap();
+    let ckpt: usize = latest.trim().trim_start_matches("ckpt-").parse().unwrap();
+    assert!(0 < ckpt && ckpt < steps, "checkpoint at step {ckpt}");
+    let path = dir.join("metrics.jsonl");
+    let marked: String = read_metrics(&path)
+        .unwrap()
+        .into_iter()
+        .map(|mut m| {
+            m["before_resume"] = serde_json::json!(true);
+            format!("{m}\n")
+        })
+        .collect();
+    fs::write(&path, marked).unwrap();
+    run_ok(
+        bin()
+            .args(["train"])
+            .arg(config)
+            .arg("--out")
+            .arg(dir)
+            .arg("--resume")
+            .args(["--stop-after", &(steps - ckpt).to_string()]),
+    );
+    let metrics = read_metrics(&path).unwrap();
+    assert!(
+        metrics
+            .iter()
+            .any(|m| m["step"].as_u64() > Some(ckpt as u64)),
+        "nothing was logged after the checkpoint at step {ckpt}"
+    );
+    for m in metrics {
+        let step = m["step"].as_u64().unwrap() as usize;
+        let old = m.get("before_resume").is_some();
+        assert_eq!(
+            old,
+            step <= ckpt,
+            "metrics of step {step} {} (the resume started at the checkpoint of step {ckpt})",
+            if old {
+                "survived the resume"
+            } else {
+                "were written again"
+            }
+        );
+    }
 }
 
 #[test]
@@ -172,8 +226,9 @@ fn the_default_form_is_auto_and_chunked_on_the_cpu() {
     }
 }
 
-/// A run killed with SIGKILL and resumed ends with exactly the metrics (losses, gradient norms,
-/// accuracies at every step) of a run that never stopped.
+/// A run killed with SIGKILL and resumed continues from its last checkpoint and ends with
+/// exactly the metrics (losses, gradient norms, accuracies at every step) of a run that never
+/// stopped.
 #[test]
 fn resume_after_sigkill_matches_an_uninterrupted_run() {
     let tmp = tempfile::tempdir().unwrap();
@@ -207,14 +262,7 @@ fn resume_after_sigkill_matches_an_uninterrupted_run() {
         !killed.join("summary.json").exists(),
         "the run finished before the kill"
     );
-    run_ok(
-        bin()
-            .args(["train"])
-            .arg(&config)
-            .arg("--out")
-            .arg(&killed)
-            .arg("--resume"),
-    );
+    resume_from_checkpoint(&config, &killed, 300);
     assert_eq!(
         metrics_without_timing(&whole),
         metrics_without_timing(&killed)
@@ -230,14 +278,7 @@ fn resume_after_sigkill_matches_an_uninterrupted_run() {
             .arg(&stopped)
             .args(["--stop-after", "17"]),
     );
-    run_ok(
-        bin()
-            .args(["train"])
-            .arg(&config)
-            .arg("--out")
-            .arg(&stopped)
-            .arg("--resume"),
-    );
+    resume_from_checkpoint(&config, &stopped, 300);
     assert_eq!(
         metrics_without_timing(&whole),
         metrics_without_timing(&stopped)
@@ -382,7 +423,7 @@ fn eval_and_viz_read_a_finished_run() {
         "lambda_layer0_head0.png",
         "lambda_layer1_head0.svg",
         "lambda_histogram.png",
-        "lambda_mean_per_level.png",
+        "lambda_per_level.png",
         "curve_loss.png",
         "curve_accuracy.svg",
     ] {

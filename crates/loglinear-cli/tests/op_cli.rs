@@ -16,7 +16,8 @@ use burn::prelude::*;
 use burn::tensor::DType;
 use loglinear::fenwick::num_levels;
 use loglinear::ops::{Dims, LogLinearInput};
-use loglinear::testing::{HostInput, assert_close};
+use loglinear::host::HostInput;
+use loglinear::testing::assert_close;
 use safetensors::{Dtype, SafeTensors};
 
 const BIN: &str = env!("CARGO_BIN_EXE_loglinear");

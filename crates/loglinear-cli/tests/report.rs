@@ -1,5 +1,8 @@
-//! Plotting layer: every function writes a decodable PNG and an SVG with its text as text, and
-//! awkward data (empty, single point, constant, NaN, long, wide) never panics.
+//! Plotting layer: every function writes a decodable PNG and an SVG with its text as text; the
+//! PNG shows the data (each series in its colour inside the axes, heat-map cells in viridis, grey
+//! cells without a value, region bands), the SVG the title, axis labels, ticks and legend
+//! entries; awkward data (empty, single point, constant, NaN, long, wide) never panic, and empty
+//! charts say "no data".
 //!
 //! Set `LOGLINEAR_PLOT_DIR=<dir>` to keep the generated figures there for a look.
 
@@ -7,7 +10,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use loglinear_cli::report::{
-    BarGroup, LineOpts, Series, Shade, bar_chart, heatmap, histogram, line_plot,
+    BarGroup, LineOpts, Series, Shade, Spread, SpreadGroup, bar_chart, heatmap, histogram,
+    line_plot, spread_chart,
 };
 
 /// Output directory: a fresh temp dir, or `$LOGLINEAR_PLOT_DIR/<test>` when set.
@@ -22,30 +26,71 @@ fn out_dir(test: &str) -> (Option<tempfile::TempDir>, PathBuf) {
     }
 }
 
-/// Decode a PNG fully; returns (width, height, number of non-white pixels).
-fn decode_png(path: &Path) -> (u32, u32, usize) {
-    let bytes = fs::read(path).unwrap();
-    assert!(!bytes.is_empty(), "{} is empty", path.display());
-    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "PNG signature");
-    assert_eq!(&bytes[12..16], b"IHDR");
-    let w = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
-    let h = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
-    let mut reader = png::Decoder::new(std::io::Cursor::new(bytes))
-        .read_info()
-        .unwrap();
-    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
-    let info = reader.next_frame(&mut buf).unwrap();
-    assert_eq!((info.width, info.height), (w, h));
-    let ch = info.color_type.samples();
-    let ink = buf[..info.buffer_size()]
-        .chunks(ch)
-        .filter(|p| p.iter().take(3).any(|&v| v < 200))
-        .count();
-    (w, h, ink)
+/// A decoded PNG.
+struct Png {
+    w: u32,
+    h: u32,
+    rgb: Vec<[u8; 3]>,
 }
 
-/// Checks both files and returns (png size, svg text).
-fn check(paths: &[PathBuf], stem: &str) -> ((u32, u32), String) {
+impl Png {
+    fn read(path: &Path) -> Png {
+        let bytes = fs::read(path).unwrap();
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "PNG signature");
+        let mut reader = png::Decoder::new(std::io::Cursor::new(bytes))
+            .read_info()
+            .unwrap();
+        let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+        let info = reader.next_frame(&mut buf).unwrap();
+        let ch = info.color_type.samples();
+        let rgb = buf[..info.buffer_size()]
+            .chunks(ch)
+            .map(|p| [p[0], p[1], p[2]])
+            .collect();
+        Png {
+            w: info.width,
+            h: info.height,
+            rgb,
+        }
+    }
+
+    /// Pixels within `tol` (per channel) of `color` inside the region given as fractions of the
+    /// image `(x0, y0, x1, y1)`, y down.
+    fn count(&self, color: (u8, u8, u8), tol: u8, (x0, y0, x1, y1): (f64, f64, f64, f64)) -> usize {
+        let (w, h) = (self.w as f64, self.h as f64);
+        let near = |a: u8, b: u8| a.abs_diff(b) <= tol;
+        (0..self.rgb.len())
+            .filter(|&i| {
+                let (x, y) = (
+                    (i % self.w as usize) as f64 / w,
+                    (i / self.w as usize) as f64 / h,
+                );
+                let p = self.rgb[i];
+                (x0..x1).contains(&x)
+                    && (y0..y1).contains(&y)
+                    && near(p[0], color.0)
+                    && near(p[1], color.1)
+                    && near(p[2], color.2)
+            })
+            .count()
+    }
+
+    /// Non-white pixels in a region.
+    fn ink(&self, (x0, y0, x1, y1): (f64, f64, f64, f64)) -> usize {
+        let total = self.count((255, 255, 255), 255, (x0, y0, x1, y1));
+        total - self.count((255, 255, 255), 55, (x0, y0, x1, y1))
+    }
+}
+
+/// Where the data of a 1200×760 chart are drawn (inside the axes, clear of the tick labels).
+const PLOT: (f64, f64, f64, f64) = (0.12, 0.05, 0.97, 0.86);
+/// matplotlib's tab10, the series colours in order.
+const BLUE: (u8, u8, u8) = (31, 119, 180);
+const ORANGE: (u8, u8, u8) = (255, 127, 14);
+const GREEN: (u8, u8, u8) = (44, 160, 44);
+
+/// Checks both files and returns the decoded PNG and the SVG text.
+fn check(paths: &[PathBuf], stem: &str) -> (Png, String) {
     assert_eq!(paths.len(), 2, "{paths:?}");
     assert_eq!(
         paths[0].file_name().unwrap(),
@@ -55,10 +100,11 @@ fn check(paths: &[PathBuf], stem: &str) -> ((u32, u32), String) {
         paths[1].file_name().unwrap(),
         format!("{stem}.svg").as_str()
     );
-    let (w, h, ink) = decode_png(&paths[0]);
-    assert!((1000..=1400).contains(&w), "PNG width {w}");
-    assert!((400..=1100).contains(&h), "PNG height {h}");
+    let png = Png::read(&paths[0]);
+    assert!((1000..=1400).contains(&png.w), "PNG width {}", png.w);
+    assert!((400..=1100).contains(&png.h), "PNG height {}", png.h);
     // text, axes and data leave a fair amount of non-white pixels
+    let ink = png.ink((0.0, 0.0, 1.0, 1.0));
     assert!(ink > 5_000, "PNG looks blank ({ink} non-white pixels)");
     let svg = fs::read_to_string(&paths[1]).unwrap();
     assert!(
@@ -66,7 +112,7 @@ fn check(paths: &[PathBuf], stem: &str) -> ((u32, u32), String) {
         "SVG header"
     );
     assert!(svg.trim_end().ends_with("</svg>"));
-    ((w, h), svg)
+    (png, svg)
 }
 
 /// `needle` appears as the content of an SVG `<text>` element.
@@ -114,8 +160,13 @@ fn line_plot_writes_png_and_svg_with_labels() {
         &opts,
     )
     .unwrap();
-    let ((w, h), svg) = check(&paths, "mqar_acc");
-    assert_eq!((w, h), (1200, 760));
+    let (png, svg) = check(&paths, "mqar_acc");
+    assert_eq!((png.w, png.h), (1200, 760));
+    // every curve is drawn in its own colour inside the axes
+    for color in [BLUE, ORANGE, GREEN] {
+        let n = png.count(color, 8, PLOT);
+        assert!(n > 1_000, "{color:?}: {n} pixels in the plot");
+    }
     assert_texts(
         &svg,
         &[
@@ -125,7 +176,12 @@ fn line_plot_writes_png_and_svg_with_labels() {
             "linear",
             "mlp_softplus",
             "ones",
+            // a log x axis over powers of two has its ticks on them
             "64",
+            "128",
+            "256",
+            "512",
+            "1024",
             "2048",
         ],
     );
@@ -161,11 +217,26 @@ fn line_plot_training_curves_long_and_log() {
         },
     )
     .unwrap();
-    let (_, svg) = check(&paths, "loss");
+    let (png, svg) = check(&paths, "loss");
+    // the log y axis (0.3 … 5) has ticks between its powers of ten
     assert_texts(
         &svg,
-        &["Training loss", "step", "loss (nats/token)", "Mamba-2"],
+        &[
+            "Training loss",
+            "step",
+            "loss (nats/token)",
+            "Mamba-2",
+            "log-linear Mamba-2",
+            "0.5",
+            "1",
+            "2",
+            "5",
+        ],
     );
+    // both curves, and the translucent ± band of the first (blue at 18 % on white)
+    assert!(png.count(BLUE, 8, PLOT) > 2_000 && png.count(ORANGE, 8, PLOT) > 2_000);
+    let band = png.count((215, 231, 242), 6, PLOT);
+    assert!(band > 2_000, "± band: {band} pixels");
     // the SVG stays a sensible size even for thousands of points
     assert!(svg.len() < 2_000_000, "SVG is {} bytes", svg.len());
 
@@ -270,8 +341,14 @@ fn line_plot_edge_cases_do_not_panic() {
     for (stem, series, opts) in cases {
         let paths = line_plot(&dir, stem, stem, "x", "y", &series, &opts)
             .unwrap_or_else(|e| panic!("{stem}: {e:#}"));
-        let (_, svg) = check(&paths, stem);
+        let (png, svg) = check(&paths, stem);
         assert_texts(&svg, &[stem, "x", "y"]);
+        let empty = matches!(stem, "no_series" | "empty_points" | "all_nan");
+        assert_eq!(has_text(&svg, "no data"), empty, "{stem}: 'no data' note");
+        if !empty {
+            let n = png.count(BLUE, 8, PLOT);
+            assert!(n > 50, "{stem}: the data are not drawn ({n} pixels)");
+        }
     }
 }
 
@@ -319,8 +396,26 @@ fn heatmap_writes_colorbar_with_min_and_max() {
         &shades,
     )
     .unwrap();
-    let ((w, _), svg) = check(&paths, "lambda");
-    assert_eq!(w, 1300);
+    let (png, svg) = check(&paths, "lambda");
+    assert_eq!(png.w, 1300);
+    // the map, in viridis: its darkest (the minimum) and brightest (the maximum) colours, and
+    // the blue-green of the bulk of the data
+    let map = (0.09, 0.2, 0.84, 0.88);
+    assert!(
+        png.count((68, 1, 84), 10, (0.84, 0.1, 0.95, 0.95)) > 50,
+        "colour bar bottom"
+    );
+    assert!(
+        png.count((253, 231, 37), 10, (0.84, 0.1, 0.95, 0.95)) > 50,
+        "colour bar top"
+    );
+    let bulk = png.count((38, 130, 142), 40, map);
+    assert!(bulk > 20_000, "map cells: {bulk} pixels");
+    // the task's regions as coloured bands above the map
+    for color in [(44, 160, 44), (214, 39, 40)] {
+        let n = png.count(color, 6, (0.0, 0.0, 1.0, 0.2));
+        assert!(n > 5_000, "region band {color:?}: {n} pixels");
+    }
     assert_texts(
         &svg,
         &[
@@ -382,8 +477,11 @@ fn heatmap_edge_cases_do_not_panic() {
     d[0] = 0.0;
     d[1] = 3.0;
     let paths = heatmap(&dir, "nan", "with NaN", "t", "level", "λ", &d, 6, 50, &[]).unwrap();
-    let (_, svg) = check(&paths, "nan");
+    let (png, svg) = check(&paths, "nan");
     assert_texts(&svg, &["0", "3", "no value"]);
+    // the two cells without a value are grey (plus the key under the colour bar)
+    let grey = png.count((205, 205, 205), 3, (0.05, 0.0, 0.85, 1.0));
+    assert!(grey > 400, "grey cells: {grey} pixels");
 
     // all NaN, single cell, empty, big square, shades out of range / empty / narrow
     let narrow = [
@@ -441,7 +539,8 @@ fn heatmap_edge_cases_do_not_panic() {
     )
     .unwrap();
     let paths = heatmap(&dir, "empty", "empty", "t", "l", "λ", &[], 0, 0, &[]).unwrap();
-    check(&paths, "empty");
+    let (_, svg) = check(&paths, "empty");
+    assert_texts(&svg, &["no data"]);
     let big = lambda_like(600, 700);
     let paths = heatmap(&dir, "big", "big", "t", "l", "λ", &big, 600, 700, &narrow).unwrap();
     let (_, svg) = check(&paths, "big");
@@ -488,7 +587,13 @@ fn histogram_overlays_with_legend() {
         ("mlp_softmax".to_string(), sample(2000, 0.8, 0.05)),
     ];
     let paths = histogram(&dir, "lambda_hist", "λ values by λ mode", "λ", &series, 60).unwrap();
-    let (_, svg) = check(&paths, "lambda_hist");
+    let (png, svg) = check(&paths, "lambda_hist");
+    // translucent fills and solid outlines of the three histograms
+    for color in [BLUE, ORANGE, GREEN] {
+        let n = png.count(color, 10, PLOT);
+        assert!(n > 500, "{color:?} outline: {n} pixels");
+    }
+    assert!(png.count((192, 215, 232), 8, PLOT) > 10_000, "blue fill");
     assert_texts(
         &svg,
         &[
@@ -527,6 +632,8 @@ fn histogram_edge_cases_do_not_panic() {
             .unwrap_or_else(|e| panic!("{stem}: {e:#}"));
         let (_, svg) = check(&paths, stem);
         assert_texts(&svg, &[stem, "value", "density"]);
+        let empty = matches!(stem, "none" | "empty" | "nan");
+        assert_eq!(has_text(&svg, "no data"), empty, "{stem}: 'no data' note");
     }
 }
 
@@ -553,7 +660,11 @@ fn bar_chart_groups_with_errors() {
         &groups,
     )
     .unwrap();
-    let (_, svg) = check(&paths, "lambda_by_level");
+    let (png, svg) = check(&paths, "lambda_by_level");
+    for color in [BLUE, ORANGE, GREEN] {
+        let n = png.count(color, 4, PLOT);
+        assert!(n > 10_000, "bars {color:?}: {n} pixels");
+    }
     assert_texts(
         &svg,
         &[
@@ -609,7 +720,67 @@ fn bar_chart_edge_cases_do_not_panic() {
             .unwrap_or_else(|e| panic!("{stem}: {e:#}"));
         let (_, svg) = check(&paths, stem);
         assert_texts(&svg, &[stem, "category", "value"]);
+        let empty = matches!(stem, "nothing" | "no_groups");
+        assert_eq!(has_text(&svg, "no data"), empty, "{stem}: 'no data' note");
     }
+}
+
+#[test]
+fn spread_quantiles_interpolate_between_order_statistics() {
+    // 1..=11 shuffled, with values that do not count
+    let mut v: Vec<f64> = vec![7.0, 3.0, 11.0, 1.0, 9.0, 5.0, 2.0, 10.0, 4.0, 8.0, 6.0];
+    v.extend([f64::NAN, f64::INFINITY]);
+    let q = Spread::of(&v).unwrap();
+    assert_eq!(
+        (q.q10, q.q25, q.median, q.q75, q.q90, q.n),
+        (2.0, 3.5, 6.0, 8.5, 10.0, 11)
+    );
+    let one = Spread::of(&[0.25]).unwrap();
+    assert_eq!((one.q10, one.median, one.q90), (0.25, 0.25, 0.25));
+    assert!(Spread::of(&[]).is_none() && Spread::of(&[f64::NAN]).is_none());
+}
+
+#[test]
+fn spread_chart_draws_boxes_and_stays_at_or_above_zero() {
+    let (_t, dir) = out_dir("spread");
+    let cats: Vec<String> = (0..9).map(|l| l.to_string()).collect();
+    // skewed, non-negative samples (like λ): mean − std would be negative for the wide ones
+    let groups: Vec<SpreadGroup> = (0..2)
+        .map(|g| {
+            let spreads = (0..9)
+                .map(|l| {
+                    let vals: Vec<f64> = (0..200)
+                        .map(|i| (0.02 + 0.1 * l as f64 + 0.2 * g as f64) * (i as f64 / 40.0).exp())
+                        .collect();
+                    (l != 4 || g == 0).then(|| Spread::of(&vals).unwrap())
+                })
+                .collect();
+            (format!("layer {g}"), spreads)
+        })
+        .collect();
+    let title = "λ per Fenwick level (median, 25–75 %, 10–90 %)";
+    let paths = spread_chart(&dir, "spread", title, "Fenwick level", "λ", &cats, &groups).unwrap();
+    let (png, svg) = check(&paths, "spread");
+    assert_texts(
+        &svg,
+        &[title, "Fenwick level", "λ", "layer 0", "layer 1", "0", "8"],
+    );
+    // the y axis starts at zero: no negative tick
+    let negative = svg.split("<text").skip(1).any(|t| {
+        t.split_once('>')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('-'))
+    });
+    assert!(!negative, "a negative tick on the axis of a quantity ≥ 0");
+    // whiskers and outlines in each group's colour, translucent boxes (35 % on white)
+    for color in [BLUE, ORANGE] {
+        let n = png.count(color, 8, PLOT);
+        assert!(n > 2_000, "{color:?}: {n} pixels");
+    }
+    assert!(png.count((176, 205, 225), 8, PLOT) > 5_000, "blue boxes");
+    // nothing to show at all: a labelled empty chart
+    let paths = spread_chart(&dir, "none", "none", "x", "y", &cats, &[]).unwrap();
+    let (_, svg) = check(&paths, "none");
+    assert_texts(&svg, &["none", "no data"]);
 }
 
 #[test]

@@ -6,7 +6,10 @@
 //! * [`ops`]: the core op in its parallel, chunked and recurrent forms, and the fused form;
 //! * `kernels` (features `cuda`, `wgpu`): the fused CubeCL kernels behind `Form::Fused`;
 //! * [`nn`]: the log-linear Mamba-2 mixer, the λ modes and the language models, with decoding;
-//! * [`testing`]: an f64 plain-loop reference and comparison helpers.
+//! * [`host`]: host (f64) copies of tensors and inputs, the op as plain f64 loops, and how far
+//!   two results are apart;
+//! * [`testing`]: checking one implementation against another (gradients of any form, assertions
+//!   that report what differs, replayable test seeds, the fused-kernel check).
 //!
 //! ```
 //! use burn::prelude::*;
@@ -48,6 +51,7 @@
 //! ```
 
 pub mod fenwick;
+pub mod host;
 #[cfg(feature = "kernels")]
 pub mod kernels;
 pub mod nn;

@@ -1,63 +1,16 @@
-//! Helpers to check one implementation against another: an independent plain-Rust float64
-//! reference of the definition, a forward-and-backward runner for any [`Form`], and a
-//! comparison that reports what differs.
+//! Helpers to check one implementation against another: a forward-and-backward runner for any
+//! [`Form`], an assertion that reports what differs, seeds that can be replayed, seeded random
+//! values and perturbed modules, and the check of the fused kernels (also run by
+//! `loglinear bench kernels` on GPUs). The plain-loop f64 reference and the comparison figures
+//! are in [`crate::host`].
 
 use burn::prelude::*;
 use burn::tensor::DType;
 
-use crate::fenwick;
+use crate::host::{closeness, to_f64};
+#[cfg(feature = "kernels")]
+use crate::host::{Closeness, HostInput};
 use crate::ops::{FenwickState, Form, LogLinearInput, log_linear_attn};
-
-/// Host copy of a tensor as `f64` values (any float dtype).
-pub fn to_f64<const D: usize>(x: &Tensor<D>) -> Vec<f64> {
-    x.to_data()
-        .try_into_vec_as::<f64>()
-        .expect("tensor data as f64")
-}
-
-/// How far `got` is from `reference`: the largest absolute difference divided by the largest
-/// absolute reference value (so 1e-6 means "agrees to six digits of the largest entry"), and
-/// the ratio of RMS values.
-#[derive(Clone, Copy, Debug)]
-pub struct Closeness {
-    /// max |got − ref| / max |ref|.
-    pub max_rel: f64,
-    /// max |got − ref|.
-    pub max_abs: f64,
-    /// rms(got) / rms(ref).
-    pub rms_ratio: f64,
-    /// Whether `got` holds a NaN or infinity.
-    pub non_finite: bool,
-}
-
-/// Compares two equally long value lists (see [`Closeness`]).
-pub fn closeness(reference: &[f64], got: &[f64]) -> Closeness {
-    assert_eq!(reference.len(), got.len(), "closeness: lengths differ");
-    let non_finite = got.iter().any(|x| !x.is_finite());
-    let scale = reference.iter().fold(0f64, |m, x| m.max(x.abs()));
-    let max_abs = reference
-        .iter()
-        .zip(got)
-        .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
-    let rms = |v: &[f64]| (v.iter().map(|x| x * x).sum::<f64>() / v.len().max(1) as f64).sqrt();
-    let (rr, rg) = (rms(reference), rms(got));
-    Closeness {
-        max_rel: if scale > 0.0 {
-            max_abs / scale
-        } else {
-            max_abs
-        },
-        max_abs,
-        rms_ratio: if rr > 0.0 {
-            rg / rr
-        } else if rg == 0.0 {
-            1.0
-        } else {
-            f64::INFINITY
-        },
-        non_finite,
-    }
-}
 
 /// Panics with the name, the error figures and the tolerance unless `got` matches `reference`
 /// to `tol` (relative to the largest reference entry). A reference that is all zeros is
@@ -78,80 +31,29 @@ pub fn assert_close(name: &str, reference: &[f64], got: &[f64], tol: f64) {
     );
 }
 
-/// Host-side inputs in `[B, T, H, ·]` row-major order (the layout of [`LogLinearInput`]).
-#[derive(Clone, Debug)]
-pub struct HostInput {
-    /// Sizes.
-    pub dims: crate::ops::Dims,
-    /// `[B, T, H, N]`.
-    pub q: Vec<f64>,
-    /// `[B, T, H, N]`.
-    pub k: Vec<f64>,
-    /// `[B, T, H, P]`.
-    pub v: Vec<f64>,
-    /// `[B, T, H]`.
-    pub g: Vec<f64>,
-    /// `[B, T, H, L]`.
-    pub lambda: Vec<f64>,
-}
+/// Environment variable that fixes the seeds of the randomised tests (see [`test_seed`]).
+pub const SEED_VAR: &str = "LOGLINEAR_TEST_SEED";
 
-impl HostInput {
-    /// Copies an input to the host.
-    pub fn from_input(x: &LogLinearInput) -> Self {
-        Self {
-            dims: x.dims(),
-            q: to_f64(&x.q),
-            k: to_f64(&x.k),
-            v: to_f64(&x.v),
-            g: to_f64(&x.g),
-            lambda: to_f64(&x.lambda),
-        }
-    }
-
-    /// Uploads to `device` in `dtype`.
-    pub fn to_input(&self, dtype: DType, device: &Device) -> LogLinearInput {
-        let crate::ops::Dims { b, t, h, n, p, l } = self.dims;
-        let up = |v: &Vec<f64>, s: Vec<usize>| burn::tensor::TensorData::new(v.clone(), s);
-        LogLinearInput {
-            q: Tensor::from_data(up(&self.q, vec![b, t, h, n]), (device, dtype)),
-            k: Tensor::from_data(up(&self.k, vec![b, t, h, n]), (device, dtype)),
-            v: Tensor::from_data(up(&self.v, vec![b, t, h, p]), (device, dtype)),
-            g: Tensor::from_data(up(&self.g, vec![b, t, h]), (device, dtype)),
-            lambda: Tensor::from_data(up(&self.lambda, vec![b, t, h, l]), (device, dtype)),
-        }
-    }
-
-    /// The definition, written as plain loops in float64 (no Burn): `o: [B, T, H, P]`.
-    /// Independent of every [`Form`], so the parallel form is itself checked against it.
-    pub fn reference_output(&self) -> Vec<f64> {
-        let crate::ops::Dims { b, t, h, n, p, l } = self.dims;
-        let mut o = vec![0.0; b * t * h * p];
-        for bi in 0..b {
-            for hi in 0..h {
-                let at = |ti: usize| (bi * t + ti) * h + hi;
-                let mut gamma = vec![0.0; t];
-                let mut acc = 0.0;
-                for (ti, gm) in gamma.iter_mut().enumerate() {
-                    acc += self.g[at(ti)];
-                    *gm = acc;
-                }
-                for ti in 0..t {
-                    for si in 0..=ti {
-                        let lev = fenwick::level(ti, si);
-                        assert!(lev < l, "reference_output: {l} levels are too few");
-                        let dot: f64 = (0..n)
-                            .map(|i| self.q[at(ti) * n + i] * self.k[at(si) * n + i])
-                            .sum();
-                        let w = self.lambda[at(ti) * l + lev] * (gamma[ti] - gamma[si]).exp() * dot;
-                        for j in 0..p {
-                            o[at(ti) * p + j] += w * self.v[at(si) * p + j];
-                        }
-                    }
-                }
-            }
-        }
-        o
-    }
+/// The seed of a randomised test: `LOGLINEAR_TEST_SEED` when it is set (to replay a failure),
+/// else one drawn from the clock, so that repeated runs cover new inputs. `tag` tells the draws
+/// of one run apart (each test, or each case of a test, passes its own). The base seed is
+/// printed, and libtest shows it with the output of a failing test:
+/// `LOGLINEAR_TEST_SEED=<base> cargo test …` replays the run.
+///
+/// # Panics
+/// If the variable is set but is not an unsigned integer.
+pub fn test_seed(tag: u64) -> u64 {
+    let base = match std::env::var(SEED_VAR) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{SEED_VAR}={v:?} is not an unsigned integer")),
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64),
+    };
+    eprintln!("random inputs from {SEED_VAR}={base} (tag {tag})");
+    base ^ tag.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// Output and the gradients of `Σ o ⊙ do` of one form, on the host.
@@ -231,6 +133,26 @@ pub fn perturbed<M: burn::module::Module>(module: M, seed: u64, scale: f64) -> M
         }
     }
     module.map(&mut Jitter(seed, scale))
+}
+
+/// Every float parameter of `module` cast to `dtype` (e.g. f64 for finite differences).
+/// Parameters stay leaves (requiring gradients on an autodiff device).
+pub fn cast_params<M: burn::module::Module>(module: M, dtype: DType) -> M {
+    struct Cast(DType);
+    impl burn::module::ModuleMapper for Cast {
+        fn map_float<const D: usize>(
+            &mut self,
+            param: burn::module::Param<Tensor<D>>,
+        ) -> burn::module::Param<Tensor<D>> {
+            let dtype = self.0;
+            param.map(|t| {
+                let autodiff = t.is_autodiff();
+                let t = t.cast(dtype).detach();
+                if autodiff { t.require_grad() } else { t }
+            })
+        }
+    }
+    module.map(&mut Cast(dtype))
 }
 
 /// `[b, t]` token ids drawn uniformly from `0..vocab` with `seed`.

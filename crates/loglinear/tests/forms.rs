@@ -4,22 +4,12 @@
 use burn::prelude::*;
 use burn::tensor::DType;
 use loglinear::fenwick::num_levels;
+use loglinear::host::{HostInput, closeness, to_f64};
 use loglinear::ops::{Dims, Form, LogLinearInput, log_linear_attn};
-use loglinear::testing::{HostInput, assert_close, closeness, run_with_grads, to_f64};
+use loglinear::testing::{assert_close, run_with_grads, test_seed};
 
 fn dev() -> Device {
     Device::flex().autodiff()
-}
-
-/// A fresh seed per run (so repeated CI runs draw new inputs), printed for reproduction.
-fn fresh_seed(tag: u64) -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as u64;
-    let seed = nanos ^ tag.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    eprintln!("seed for tag {tag}: {seed}");
-    seed
 }
 
 fn dims(b: usize, t: usize, h: usize, n: usize, p: usize) -> Dims {
@@ -84,12 +74,8 @@ fn parallel_matches_the_plain_f64_definition() {
     .into_iter()
     .enumerate()
     {
-        let x = LogLinearInput::random(
-            dims(b, t, h, n, p),
-            fresh_seed(i as u64),
-            DType::F64,
-            &dev(),
-        );
+        let x =
+            LogLinearInput::random(dims(b, t, h, n, p), test_seed(i as u64), DType::F64, &dev());
         let host = HostInput::from_input(&x);
         let o = log_linear_attn(&x, Form::Parallel, None, false).o;
         assert_close(
@@ -111,7 +97,7 @@ fn chunked_matches_parallel_f64_all_chunks() {
         (1, 70, 2, 4, 6),
     ];
     for (i, (b, t, h, n, p)) in shapes.into_iter().enumerate() {
-        let seed = fresh_seed(100 + i as u64);
+        let seed = test_seed(100 + i as u64);
         let x = LogLinearInput::random(dims(b, t, h, n, p), seed, DType::F64, &dev());
         for chunk in ALL_CHUNKS {
             check_form(&x, Form::Chunked { chunk }, 1e-11, 1e-10, seed);
@@ -121,7 +107,7 @@ fn chunked_matches_parallel_f64_all_chunks() {
 
 #[test]
 fn chunked_matches_parallel_f64_t200() {
-    let seed = fresh_seed(200);
+    let seed = test_seed(200);
     let x = LogLinearInput::random(dims(2, 200, 2, 8, 4), seed, DType::F64, &dev());
     for chunk in [1, 8, 64] {
         check_form(&x, Form::Chunked { chunk }, 1e-11, 1e-10, seed);
@@ -133,7 +119,7 @@ fn fused_entry_point_matches_parallel_f64_on_the_cpu() {
     // On a device without kernels `Form::Fused` is the chunked fallback (the kernels themselves
     // are tested in tests/kernels.rs on WGPU and by `loglinear bench kernels` on CUDA); the
     // entry point must still give the op and all its gradients.
-    let seed = fresh_seed(201);
+    let seed = test_seed(201);
     let x = LogLinearInput::random(dims(2, 70, 2, 8, 4), seed, DType::F64, &dev());
     check_form(&x, Form::Fused, 1e-11, 1e-10, seed);
 }
@@ -149,7 +135,7 @@ fn recurrent_matches_parallel_f64() {
     .into_iter()
     .enumerate()
     {
-        let seed = fresh_seed(300 + i as u64);
+        let seed = test_seed(300 + i as u64);
         let x = LogLinearInput::random(dims(b, t, h, n, p), seed, DType::F64, &dev());
         check_form(&x, Form::Recurrent, 1e-11, 1e-10, seed);
     }
@@ -167,7 +153,7 @@ fn forms_match_parallel_f32() {
     .into_iter()
     .enumerate()
     {
-        let seed = fresh_seed(400 + i as u64);
+        let seed = test_seed(400 + i as u64);
         let x32 = LogLinearInput::random(dims(b, t, h, n, p), seed, DType::F32, &dev());
         let x64 = HostInput::from_input(&x32).to_input(DType::F64, &dev());
         let d_o = random_cotangent(&x64, seed ^ 7);
@@ -191,7 +177,7 @@ fn forms_match_parallel_f32() {
 /// one run over the whole: outputs, all gradients (through the carried state) and final state.
 #[test]
 fn continuation_from_a_state_equals_one_pass() {
-    let seed = fresh_seed(500);
+    let seed = test_seed(500);
     let (b, t, h, n, p) = (2, 150, 2, 4, 3);
     let x = LogLinearInput::random(dims(b, t, h, n, p), seed, DType::F64, &dev());
     let d_o = random_cotangent(&x, seed ^ 3);
@@ -238,7 +224,7 @@ fn continuation_from_a_state_equals_one_pass() {
 
 #[test]
 fn chunked_final_state_equals_recurrent_state() {
-    let seed = fresh_seed(600);
+    let seed = test_seed(600);
     for t in [1, 2, 7, 63, 64, 65, 70, 128] {
         let x = LogLinearInput::random(dims(2, t, 2, 3, 4), seed + t as u64, DType::F64, &dev());
         let (_, rec) = loglinear::ops::recurrent(&x, None);
@@ -263,7 +249,7 @@ fn chunked_final_state_equals_recurrent_state() {
 
 #[test]
 fn causality_future_inputs_do_not_change_the_past() {
-    let seed = fresh_seed(700);
+    let seed = test_seed(700);
     let (t, cut) = (70, 41);
     let x = LogLinearInput::random(dims(1, t, 2, 4, 4), seed, DType::F64, &dev());
     let y = LogLinearInput::random(dims(1, t, 2, 4, 4), seed ^ 99, DType::F64, &dev());
@@ -314,7 +300,7 @@ fn causality_future_inputs_do_not_change_the_past() {
 /// λ ≡ 1 is plain Mamba-2: `S_t = a_t S_{t−1} + k_t v_tᵀ`, `o_t = q_tᵀ S_t`.
 #[test]
 fn lambda_one_is_plain_mamba2() {
-    let seed = fresh_seed(800);
+    let seed = test_seed(800);
     let (b, t, h, n, p) = (2, 70, 2, 3, 2);
     let mut x = LogLinearInput::random(dims(b, t, h, n, p), seed, DType::F64, &dev());
     x.lambda = x.lambda.ones_like();
@@ -412,47 +398,89 @@ fn oracle_o3_o4_decayed_case() {
 }
 
 /// O10: gradients of the parallel form (autodiff, f64) against central finite differences of
-/// the plain-loop definition, plus the identities Σ_ℓ λ·dλ = Σ_s dM·M per row and dg₀ = 0.
+/// the plain-loop definition, at two shapes (B, H > 1, N ≠ P, one λ slot more than needed); and
+/// the identities of an op linear in λ[t], in q[t] and in v: per query row
+/// `Σ_ℓ λ·dλ = Σ_p o·do = Σ_n q·dq`, and over everything `Σ v·dv = Σ o·do`; and `dg₀ = 0`.
 #[test]
-fn oracle_o10_finite_differences() {
-    let seed = fresh_seed(1000);
-    let x = LogLinearInput::random(dims(1, 9, 2, 3, 2), seed, DType::F64, &dev());
-    let host = HostInput::from_input(&x);
-    let d_o = random_cotangent(&x, seed ^ 5);
-    let dov = to_f64(&d_o);
-    let analytic = run_with_grads(&x, &d_o, Form::Parallel, None);
-    let objective = |h: &HostInput| -> f64 {
-        h.reference_output()
-            .iter()
-            .zip(&dov)
-            .map(|(a, b)| a * b)
-            .sum()
-    };
-    let eps = 1e-6;
-    let fields: [(&str, fn(&mut HostInput) -> &mut Vec<f64>); 5] = [
-        ("dq", |h| &mut h.q),
-        ("dk", |h| &mut h.k),
-        ("dv", |h| &mut h.v),
-        ("dg", |h| &mut h.g),
-        ("dlambda", |h| &mut h.lambda),
-    ];
-    for ((name, field), (gname, grad)) in fields.iter().zip(&analytic.grads) {
-        assert_eq!(name, gname);
-        let len = field(&mut host.clone()).len();
-        let mut numeric = vec![0.0; len];
-        for (i, out) in numeric.iter_mut().enumerate() {
-            let mut plus = host.clone();
-            field(&mut plus)[i] += eps;
-            let mut minus = host.clone();
-            field(&mut minus)[i] -= eps;
-            *out = (objective(&plus) - objective(&minus)) / (2.0 * eps);
+fn oracle_o10_finite_differences_and_identities() {
+    for (i, (b, t, h, n, p, extra)) in [(1, 9, 2, 3, 2, 0), (2, 6, 1, 2, 3, 1)]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = test_seed(1000 + i as u64);
+        let d = Dims {
+            l: num_levels(t) + extra,
+            ..dims(b, t, h, n, p)
+        };
+        let x = LogLinearInput::random(d, seed, DType::F64, &dev());
+        let host = HostInput::from_input(&x);
+        let d_o = random_cotangent(&x, seed ^ 5);
+        let dov = to_f64(&d_o);
+        let analytic = run_with_grads(&x, &d_o, Form::Parallel, None);
+        let ctx = format!("O10 {d:?}");
+
+        // Σ over a row of a ⊙ da, for rows of `width` values
+        let rows = |a: &[f64], da: &[f64], width: usize| -> Vec<f64> {
+            (a.chunks(width).zip(da.chunks(width)))
+                .map(|(a, da)| a.iter().zip(da).map(|(x, y)| x * y).sum())
+                .collect()
+        };
+        let o_do = rows(&analytic.o, &dov, p);
+        let grad = |name: &str| &analytic.grads.iter().find(|g| g.0 == name).unwrap().1;
+        let scale = o_do.iter().fold(0f64, |m, v| m.max(v.abs()));
+        for (name, input, width) in [("dlambda", &host.lambda, d.l), ("dq", &host.q, n)] {
+            let got = rows(input, grad(name), width);
+            for (r, (a, e)) in got.iter().zip(&o_do).enumerate() {
+                assert!(
+                    (a - e).abs() <= 1e-12 * scale,
+                    "{ctx}: row {r}: Σ {name}·input = {a} but Σ o·do = {e}"
+                );
+            }
         }
-        assert_close(&format!("O10 {name}"), &numeric, grad, 1e-7);
-    }
-    // dg at t = 0 is exactly zero for every batch row and head: the first decay never matters.
-    let dg = &analytic.grads[3].1;
-    for hi in 0..2 {
-        assert!(dg[hi].abs() < 1e-12, "dg_0 = {}", dg[hi]);
+        let total: f64 = o_do.iter().sum();
+        let v_dv: f64 = rows(&host.v, grad("dv"), 1).iter().sum();
+        assert!(
+            (v_dv - total).abs() <= 1e-12 * scale * o_do.len() as f64,
+            "{ctx}: Σ v·dv = {v_dv}, Σ o·do = {total}"
+        );
+
+        let objective = |h: &HostInput| -> f64 {
+            h.reference_output()
+                .iter()
+                .zip(&dov)
+                .map(|(a, b)| a * b)
+                .sum()
+        };
+        let eps = 1e-6;
+        type Field = fn(&mut HostInput) -> &mut Vec<f64>;
+        let fields: [(&str, Field); 5] = [
+            ("dq", |h| &mut h.q),
+            ("dk", |h| &mut h.k),
+            ("dv", |h| &mut h.v),
+            ("dg", |h| &mut h.g),
+            ("dlambda", |h| &mut h.lambda),
+        ];
+        for ((name, field), (gname, grad)) in fields.iter().zip(&analytic.grads) {
+            assert_eq!(name, gname);
+            let len = field(&mut host.clone()).len();
+            let mut numeric = vec![0.0; len];
+            for (i, out) in numeric.iter_mut().enumerate() {
+                let mut plus = host.clone();
+                field(&mut plus)[i] += eps;
+                let mut minus = host.clone();
+                field(&mut minus)[i] -= eps;
+                *out = (objective(&plus) - objective(&minus)) / (2.0 * eps);
+            }
+            assert_close(&format!("{ctx} {name}"), &numeric, grad, 1e-7);
+        }
+        // dg at t = 0 is exactly zero for every batch row and head: the first decay never matters.
+        let dg = grad("dg");
+        for bi in 0..b {
+            for hi in 0..h {
+                let v = dg[bi * t * h + hi];
+                assert!(v.abs() < 1e-12, "{ctx}: dg_0 = {v} (batch {bi}, head {hi})");
+            }
+        }
     }
 }
 
@@ -482,7 +510,7 @@ fn too_few_levels_is_refused_with_the_need() {
 /// f64 reference as bf16 rounding of the inputs and output allows.
 #[test]
 fn half_precision_inputs_compute_in_f32() {
-    let seed = fresh_seed(1100);
+    let seed = test_seed(1100);
     let x64 = LogLinearInput::random(dims(2, 150, 2, 16, 8), seed, DType::F64, &dev());
     let x16 = HostInput::from_input(&x64).to_input(DType::BF16, &dev());
     // the reference sees the same bf16-rounded inputs

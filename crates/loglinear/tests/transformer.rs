@@ -9,7 +9,8 @@ use burn::tensor::TensorData;
 use burn::tensor::activation::softmax;
 use loglinear::nn::transformer::{Affine, CausalSelfAttention};
 use loglinear::nn::{TransformerConfig, TransformerLm};
-use loglinear::testing::{assert_close, perturbed, to_f64, uniform_values};
+use loglinear::host::to_f64;
+use loglinear::testing::{assert_close, perturbed, uniform_values};
 
 fn dev() -> Device {
     Device::flex()
