@@ -604,7 +604,7 @@ fn lm_runs_have_viz_and_summarize_and_failures_leave_no_folder() {
         "lambda_layer0_head0.png",
         "lambda_layer0_head1.svg",
         "lambda_histogram.png",
-        "lambda_mean_per_level.png",
+        "lambda_per_level.png",
         "curve_loss.png",
         "curve_perplexity.png",
     ] {
