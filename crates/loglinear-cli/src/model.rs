@@ -2,8 +2,8 @@
 
 use anyhow::{Result, bail};
 use burn::prelude::*;
-use burn::tensor::activation::log_softmax;
 use loglinear::nn::{
+    cross_entropy_rows,
     LambdaConfig, LmConfig, LogLinearLm, MixerConfig, SyntheticConfig, SyntheticLm,
     TransformerConfig, TransformerLm,
 };
@@ -147,13 +147,12 @@ impl Model {
 /// `logits: [B, T, V]`, `targets: [B, T]` → scalar `[1]`.
 pub fn masked_cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> (Tensor<1>, usize) {
     let [b, t, v] = logits.dims();
-    let targets = targets.reshape([b * t, 1]);
-    let scored = targets.clone().not_equal_elem(IGNORE); // [B·T, 1]
+    let targets = targets.reshape([b * t]);
+    let scored = targets.clone().not_equal_elem(IGNORE); // [B·T]
     let count = scored.clone().int().sum().into_scalar::<i64>().max(0) as usize;
     let safe = targets.mask_fill(scored.clone().bool_not(), 0);
-    let logp = log_softmax(logits.reshape([b * t, v]), 1).gather(1, safe); // [B·T, 1]
-    let dtype = logp.dtype();
-    let picked = logp * scored.float().cast(dtype);
-    let loss = picked.sum().neg() / (count.max(1) as f64);
+    // −log p(target) per position: fused kernels on GPUs, tensor ops on the CPU.
+    let nll = cross_entropy_rows(logits.reshape([b * t, v]), safe); // [B·T], f32
+    let loss = (nll * scored.float()).sum() / (count.max(1) as f64);
     (loss, count)
 }

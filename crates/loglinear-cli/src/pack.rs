@@ -20,8 +20,7 @@ use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::TensorData;
-use burn::tensor::activation::log_softmax;
-use loglinear::nn::PackedSyntheticLm;
+use loglinear::nn::{PackedSyntheticLm, cross_entropy_rows};
 use serde_json::json;
 
 use crate::checkpoint::{self, TrainState};
@@ -414,15 +413,14 @@ fn host_train_batch(data: &RunData, cfg: &ExperimentConfig, step: usize) -> Resu
 fn replica_cross_entropy(logits: Tensor<4>, targets: Tensor<3, Int>, scored: &[usize]) -> Tensor<1> {
     let [r, b, t, v] = logits.dims();
     let device = logits.device();
-    let targets = targets.reshape([r, b * t, 1]);
-    let mask = targets.clone().not_equal_elem(IGNORE); // [R, B·T, 1]
+    let targets = targets.reshape([r * b * t]);
+    let mask = targets.clone().not_equal_elem(IGNORE);
     let safe = targets.mask_fill(mask.clone().bool_not(), 0);
-    let logp = log_softmax(logits.reshape([r, b * t, v]), 2).gather(2, safe); // [R, B·T, 1]
-    let dtype = logp.dtype();
-    let picked = logp * mask.float().cast(dtype);
+    let nll = cross_entropy_rows(logits.reshape([r * b * t, v]), safe); // [R·B·T], f32
+    let picked = (nll * mask.float()).reshape([r, b * t]);
     let counts: Vec<f32> = scored.iter().map(|&c| c.max(1) as f32).collect();
-    let counts = Tensor::<1>::from_data(TensorData::new(counts, [r]), &device).cast(dtype);
-    picked.sum_dim(1).reshape([r]).neg() / counts
+    let counts = Tensor::<1>::from_data(TensorData::new(counts, [r]), &device);
+    picked.sum_dim(1).reshape([r]) / counts
 }
 
 /// Held-out metrics of every replica on its own pool (`test`: the test-length pool).

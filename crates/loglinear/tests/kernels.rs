@@ -229,3 +229,56 @@ fn tensor_core_tiles_keep_their_occupancy_on_the_h200() {
         }
     }
 }
+
+/// The fused softmax cross-entropy (forward nll and the logits' gradient) against the tensor-op
+/// definition, in f32 and with bf16 logits, at vocabularies that are not multiples of the cube
+/// (the LM's 50,257 included), one row and many, fresh random logits and targets; a target at
+/// the last column.
+#[test]
+fn cross_entropy_kernels_match_the_definition() {
+    use burn::tensor::{Distribution, TensorData};
+    use loglinear::nn::loss::{cross_entropy_rows, reference_cross_entropy_rows};
+    let seed = test_seed(5);
+    let device = device().autodiff();
+    for (rows, vocab, dtype, tol) in [
+        (1, 7, DType::F32, 1e-5),
+        (37, 300, DType::F32, 1e-5),
+        (5, 50_257, DType::F32, 1e-5),
+        (9, 1_000, DType::BF16, 1e-2),
+    ] {
+        let mut rng = seed.wrapping_add(rows as u64 * 31 + vocab as u64);
+        let mut next = || {
+            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (rng >> 33) as i64
+        };
+        let mut targets: Vec<i64> = (0..rows).map(|_| next() % vocab as i64).collect();
+        targets[0] = vocab as i64 - 1;
+        let targets = Tensor::<1, Int>::from_data(TensorData::new(targets, [rows]), &device);
+        // Logits of LM scale (|x| up to ~8) so the softmax is far from uniform.
+        let logits = Tensor::<2>::random([rows, vocab], Distribution::Normal(0.0, 3.0), &device)
+            .cast(dtype)
+            .detach();
+        let weights = Tensor::<1>::random([rows], Distribution::Normal(0.0, 1.0), &device).detach();
+        let run = |f: &dyn Fn(Tensor<2>, Tensor<1, Int>) -> Tensor<1>| {
+            let x = logits.clone().require_grad();
+            let nll = f(x.clone(), targets.clone());
+            let grads = (nll.clone() * weights.clone()).sum().backward();
+            let dx = x.grad(&grads).expect("a gradient for the logits");
+            let host = |t: Tensor<1>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+            let host2 = |t: Tensor<2>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+            (host(nll.detach()), host2(dx))
+        };
+        let (nll, dx) = run(&|x, t| cross_entropy_rows(x, t));
+        let (want_nll, want_dx) = run(&|x, t| reference_cross_entropy_rows(x, t));
+        let worst = |a: &[f64], b: &[f64]| {
+            let scale = b.iter().fold(1e-12f64, |m, v| m.max(v.abs()));
+            a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / scale
+        };
+        let (e_nll, e_dx) = (worst(&nll, &want_nll), worst(&dx, &want_dx));
+        assert!(
+            e_nll <= tol && e_dx <= tol && nll.iter().chain(&dx).all(|v| v.is_finite()),
+            "rows {rows}, V {vocab}, {dtype:?}, seed {seed}: nll {e_nll:.1e}, dlogits {e_dx:.1e} \
+             (tolerance {tol:.0e})"
+        );
+    }
+}

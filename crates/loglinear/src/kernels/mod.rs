@@ -17,13 +17,14 @@
 //! `dO_t·o_t`) and `dg = reverse cumsum of dΓ`.
 
 pub mod backward;
+pub mod cross_entropy;
 pub mod cube;
 pub mod launch;
 pub mod tensor_core;
 pub mod tensor_core_backward;
 
 use burn::backend::ops::FloatTensorOps;
-use burn::backend::tensor::FloatTensor;
+use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{AutodiffBackend, Backend, DispatchDevice, backend_extension};
 use burn::prelude::*;
 use burn::tensor::DType;
@@ -266,6 +267,121 @@ impl<B: Backend + LogLinearKernels, C: CheckpointStrategy> LogLinearKernels for 
             constant(dl),
         )
     }
+}
+
+/// Softmax cross-entropy per row as two CubeCL kernels with their own backward
+/// ([`cross_entropy`]): the entry point is [`softmax_cross_entropy`].
+#[backend_extension(Cube, Fusion: cfg(feature = "fusion"), Autodiff)]
+pub trait CrossEntropyKernels: Backend {
+    /// `(nll, lse)`, f32 `[rows]` each, from `logits: [rows, V]` (any float dtype) and
+    /// `targets: [rows]` (integers in `0..V`). Only `nll` is differentiable.
+    #[allow(clippy::type_complexity)]
+    #[fusion(meta = |_logits, targets| (
+        burn::backend::fusion::custom::TensorSpec::new(targets.shape.clone(), DType::F32),
+        burn::backend::fusion::custom::TensorSpec::new(targets.shape.clone(), DType::F32),
+    ))]
+    fn cross_entropy_rows(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// `dlogits: [rows, V]` in the dtype of `logits` for the gradient `grad: [rows]` of `nll`.
+    #[fusion(dtype = logits, shape = logits)]
+    fn cross_entropy_rows_backward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+}
+
+impl CrossEntropyKernels for CubeBackend {
+    fn cross_entropy_rows(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        launch::cross_entropy(logits, targets)
+    }
+
+    fn cross_entropy_rows_backward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        launch::cross_entropy_backward(logits, targets, lse, cast(grad, DType::F32))
+    }
+}
+
+impl<B: Backend + CrossEntropyKernels, C: CheckpointStrategy> CrossEntropyKernels
+    for Autodiff<B, C>
+{
+    fn cross_entropy_rows(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        #[derive(Debug)]
+        struct RowsBackward;
+
+        impl<B: Backend + CrossEntropyKernels> Backward<B, 1> for RowsBackward {
+            type State = (FloatTensor<B>, IntTensor<B>, FloatTensor<B>);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 1>,
+                grads: &mut Gradients,
+                _checkpointer: &mut Checkpointer,
+            ) {
+                let grad = grads.consume::<B>(&ops.node);
+                let (logits, targets, lse) = ops.state;
+                let [parent] = ops.parents;
+                if let Some(node) = parent {
+                    let d = B::cross_entropy_rows_backward(logits, targets, lse, grad);
+                    grads.register::<B>(node.id, d);
+                }
+            }
+        }
+
+        let node = logits.node();
+        let logits = logits.into_primitive();
+        let (nll, lse) = B::cross_entropy_rows(logits.clone(), targets.clone());
+        let nll = match RowsBackward.prepare::<C>([node]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish((logits, targets, lse.clone()), nll),
+            OpsKind::UnTracked(prep) => prep.finish(nll),
+        };
+        (nll, <Self as AutodiffBackend>::from_inner(lse))
+    }
+
+    fn cross_entropy_rows_backward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        // Not itself differentiable: a constant.
+        <Self as AutodiffBackend>::from_inner(B::cross_entropy_rows_backward(
+            logits.into_primitive(),
+            targets,
+            lse.into_primitive(),
+            grad.into_primitive(),
+        ))
+    }
+}
+
+/// Per-row softmax cross-entropy `logsumexp(x) − x[target]` in f32 by the fused kernels on a
+/// CubeCL device (`None` elsewhere: the caller uses tensor ops).
+///
+/// # Shapes
+/// `logits: [rows, V]`, `targets: [rows]` (in `0..V`) → `[rows]`.
+pub fn softmax_cross_entropy(logits: &Tensor<2>, targets: &Tensor<1, Int>) -> Option<Tensor<1>> {
+    if !is_cube_device(&logits.device()) {
+        return None;
+    }
+    let (nll, _lse) = <burn::backend::Dispatch as CrossEntropyKernels>::cross_entropy_rows(
+        logits.clone().into_dispatch(),
+        targets.clone().into_dispatch(),
+    );
+    Some(Tensor::from_dispatch(nll))
 }
 
 /// Whether `device` runs CubeCL kernels (directly or under autodiff).

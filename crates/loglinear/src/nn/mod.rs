@@ -2,6 +2,7 @@
 
 pub mod init;
 pub mod lambda;
+pub mod loss;
 pub mod mixer;
 pub mod model;
 pub mod packed;
@@ -9,6 +10,7 @@ pub mod synthetic;
 pub mod transformer;
 
 pub use init::Precision;
+pub use loss::cross_entropy_rows;
 pub use lambda::{LambdaConfig, LambdaMlp, LambdaMode, LevelWeights};
 pub use mixer::{LogLinearMamba2, MixerConfig, MixerOutput, MixerState};
 pub use model::{LmConfig, LmOutput, LogLinearLm, ModelState};

@@ -288,7 +288,7 @@ impl LogLinearLm {
     fn embed(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
         let table = self.embedding.val();
         let dtype = self.config.precision.compute_dtype(table.dtype());
-        to_dtype(burn::tensor::module::embedding(table, tokens), dtype)
+        to_dtype(super::init::embed(table, tokens), dtype)
     }
 
     /// Logits in the accumulation dtype (f32 under mixed precision), for the loss.

@@ -379,7 +379,7 @@ impl PackedSyntheticLm {
         let offsets = Tensor::<1, Int>::arange(0..r as i64, &tokens.device()).reshape([r, 1, 1])
             * v as i64;
         let rows = (tokens + offsets).reshape([r * b, t]);
-        let embedded = burn::tensor::module::embedding(table.reshape([r * v, d]), rows);
+        let embedded = super::init::embed(table.reshape([r * v, d]), rows);
         let mut x = to_dtype(embedded.reshape([r, m, d]), dtype);
         for layer in &self.layers {
             let delta = softplus(

@@ -202,7 +202,7 @@ impl SyntheticLm {
         let table = self.embedding.val();
         let dtype = c.precision.compute_dtype(table.dtype());
         let acc = wide(dtype);
-        let mut x = to_dtype(burn::tensor::module::embedding(table, tokens), dtype);
+        let mut x = to_dtype(super::init::embed(table, tokens), dtype);
         let mut trace = Vec::new();
         for layer in &self.layers {
             // Δ and the log-decay in the accumulation dtype (f32 under mixed precision).

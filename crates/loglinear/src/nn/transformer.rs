@@ -457,7 +457,7 @@ impl TransformerLm {
         let table = self.token_embedding.val();
         let dtype = self.config.precision.compute_dtype(table.dtype());
         let positions = self.position_embedding.val().narrow(0, start, t); // [T, D]
-        let h = burn::tensor::module::embedding(table, tokens) + positions.unsqueeze::<3>(); // [B, T, D]
+        let h = super::init::embed(table, tokens) + positions.unsqueeze::<3>(); // [B, T, D]
         let mut h = to_dtype(h, dtype);
         for (block, cache) in self.blocks.iter().zip(&mut state.layers) {
             h = block.extend(h, cache);

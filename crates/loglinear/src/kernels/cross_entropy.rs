@@ -1,0 +1,111 @@
+//! Softmax cross-entropy over a vocabulary, one cube per row: the forward reads each logit once
+//! (an online max and sum of exponentials per unit, merged across the cube) and writes the row's
+//! `nll = lse − x[target]` and `lse`; the backward reads each logit once more and writes
+//! `dx = (e^{x−lse} − [v = target]) · g` in the logits' dtype. The tensor-op formula
+//! (`log_softmax` then `gather`, and their autodiff) moves the `[rows, V]` logits through memory
+//! about a dozen times in f32 and keeps the exponentials for the backward; at the LM's
+//! 32,768 × 50,257 that was ≈ 40 ms of a 199-ms step on the H200 (bench/RESULTS.md, session 5).
+//!
+//! Rows: `CUBE_POS_Y · CUBE_COUNT_X + CUBE_POS_X` (a 2-D grid, since some runtimes cap one
+//! grid axis at 65,535); [`CE_THREADS`] units stride over the vocabulary.
+
+use cubecl::prelude::*;
+
+use super::launch::CE_THREADS;
+
+/// A finite stand-in for −∞ in the running maximum: `e^{MIN−x}` is 0 like `e^{−∞}`, and two
+/// empty partial sums merge to 0 instead of `0 · e^{−∞+∞} = NaN`.
+const NEG_BIG: f32 = -3.0e38;
+
+/// Per row: `lse = max x + ln Σ e^{x − max x}` and `nll = lse − x[target]` (f32).
+///
+/// Shapes: `logits: [rows, vocab]` (dtype `E`, contiguous), `targets: [rows]` (integers in
+/// `0..vocab`), `nll, lse: [rows]` (f32).
+#[cube(launch)]
+pub fn ce_forward_kernel<E: Float, I: Int>(
+    logits: &Tensor<E>,
+    targets: &Tensor<I>,
+    nll: &mut Tensor<f32>,
+    lse: &mut Tensor<f32>,
+    rows: usize,
+    vocab: usize,
+    #[define(E, I)] _dtypes: [ElemType; 2],
+) {
+    let row = CUBE_POS_Y as usize * CUBE_COUNT_X as usize + CUBE_POS_X as usize;
+    if row >= rows {
+        terminate!();
+    }
+    let u = UNIT_POS_X as usize;
+    let base = row * vocab;
+    // Online softmax: the running maximum m and Σ e^{x−m} of this unit's columns.
+    let mut m = NEG_BIG;
+    let mut s = 0.0f32;
+    let mut i = u;
+    while i < vocab {
+        let x = f32::cast_from(logits[base + i]);
+        if x > m {
+            s = s * (m - x).exp() + 1.0f32;
+            m = x;
+        } else {
+            s += (x - m).exp();
+        }
+        i += CE_THREADS;
+    }
+    let mut sm = Shared::<[f32]>::new_slice(CE_THREADS);
+    let mut ss = Shared::<[f32]>::new_slice(CE_THREADS);
+    sm[u] = m;
+    ss[u] = s;
+    sync_cube();
+    let mut stride = comptime!(CE_THREADS / 2);
+    while stride > 0 {
+        if u < stride {
+            let (m1, m2) = (sm[u], sm[u + stride]);
+            let mx = f32::max(m1, m2);
+            ss[u] = ss[u] * (m1 - mx).exp() + ss[u + stride] * (m2 - mx).exp();
+            sm[u] = mx;
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    if u == 0 {
+        let l = sm[0] + ss[0].ln();
+        let t = usize::cast_from(targets[row]);
+        lse[row] = l;
+        nll[row] = l - f32::cast_from(logits[base + t]);
+    }
+}
+
+/// Per row: `dlogits[v] = (e^{x[v] − lse} − [v = target]) · grad` in the logits' dtype.
+///
+/// Shapes: `logits, dlogits: [rows, vocab]` (dtype `E`, contiguous), `targets: [rows]`,
+/// `lse, grad: [rows]` (f32).
+#[cube(launch)]
+pub fn ce_backward_kernel<E: Float, I: Int>(
+    logits: &Tensor<E>,
+    targets: &Tensor<I>,
+    lse: &Tensor<f32>,
+    grad: &Tensor<f32>,
+    dlogits: &mut Tensor<E>,
+    rows: usize,
+    vocab: usize,
+    #[define(E, I)] _dtypes: [ElemType; 2],
+) {
+    let row = CUBE_POS_Y as usize * CUBE_COUNT_X as usize + CUBE_POS_X as usize;
+    if row >= rows {
+        terminate!();
+    }
+    let u = UNIT_POS_X as usize;
+    let base = row * vocab;
+    let l = lse[row];
+    let g = grad[row];
+    let t = usize::cast_from(targets[row]);
+    let mut i = u;
+    while i < vocab {
+        let mut d = (f32::cast_from(logits[base + i]) - l).exp() * g;
+        if i == t {
+            d -= g;
+        }
+        dlogits[base + i] = E::cast_from(d);
+        i += CE_THREADS;
+    }
+}

@@ -1,0 +1,32 @@
+//! The next-token loss: softmax cross-entropy per row of logits.
+
+use burn::prelude::*;
+use burn::tensor::activation::log_softmax;
+
+use super::init::{to_dtype, wide};
+
+/// `logsumexp(x) − x[target]` per row, in f32 (half-precision logits are read as they are): on a
+/// CubeCL device the fused kernels (one read of the logits forward, one read and one write
+/// backward; feature `kernels`), elsewhere [`reference_cross_entropy_rows`]. Targets must lie in
+/// `0..V`; callers mask the rows they do not score.
+///
+/// # Shapes
+/// `logits: [rows, V]`, `targets: [rows]` → `[rows]`.
+pub fn cross_entropy_rows(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
+    #[cfg(feature = "kernels")]
+    if let Some(nll) = crate::kernels::softmax_cross_entropy(&logits, &targets) {
+        return nll;
+    }
+    reference_cross_entropy_rows(logits, targets)
+}
+
+/// [`cross_entropy_rows`] as tensor ops: `−log_softmax(x)[target]` (the definition, and the form
+/// on the CPU).
+pub fn reference_cross_entropy_rows(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
+    let [rows, _] = logits.dims();
+    let dtype = wide(logits.dtype());
+    log_softmax(to_dtype(logits, dtype), 1)
+        .gather(1, targets.reshape([rows, 1]))
+        .reshape([rows])
+        .neg()
+}
