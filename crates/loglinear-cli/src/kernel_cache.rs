@@ -63,9 +63,12 @@ fn autotune_level() -> cubecl::config::autotune::AutotuneLevel {
     }
 }
 
-/// Autotune level when none is asked for (see the README's GPU section for the measurement
-/// behind it).
-pub const DEFAULT_AUTOTUNE_LEVEL: &str = "balanced";
+/// Autotune level when none is asked for. Measured on the H200 (bench/RESULTS.md, session 5):
+/// with `minimal` the LM step takes 198.6 ms once tuned, and a cold process still spends more
+/// than 7 minutes compiling and tuning before its first step; `balanced` tunes more candidates
+/// per operation (≈ 6 minutes for the matmuls alone before fusion was on) and was not measured
+/// faster, so the cheaper level is the default.
+pub const DEFAULT_AUTOTUNE_LEVEL: &str = "minimal";
 
 /// Configures CubeCL before any device is opened: the persistent cache of compiled kernels and
 /// autotune results, the autotune level, and one stderr line per tuned operation (what was tuned
