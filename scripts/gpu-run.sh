@@ -210,20 +210,27 @@ train-modes:*)
         | grep -v "Fastest result" | tee "$out/train_${len}x${batch}_$level.txt" | grep -E "^\| (log|trans)"
     ;;
 pack-alone)
-    # One MQAR run alone vs 24 runs of the same shape as one pack (T = 256, K ∈ {4..32},
-    # 3 seeds, MLP λ modes), 300 steps each, no early stop; then the published grid.
+    # One MQAR run alone vs 24 runs of the same shape as one pack (T = 256, K ∈ {4..32}, 3 seeds,
+    # both MLP λ modes), no early stop, core op $FORM (default auto = the chunked form in f32).
+    # A short run of each first fills the kernel cache (a cold process compiles for minutes);
+    # the figures are the steady tokens/s of the metrics' last lines and the wall times.
+    form=${FORM:-auto}
     sed '/early_stop_acc/d' experiments/mqar_paper_sweep.toml > /tmp/grid.toml
-    step "one run alone, T=256, K=32, 300 steps"
-    rm -rf /tmp/alone
-    /usr/bin/time -f "alone wall %e s" timeout $(left 200) $bin sweep /tmp/grid.toml --device cuda --out /tmp/alone \
-        --set train.steps=300 --set task.seq_len=256 --set model.lambda=mlp_softplus \
-        --set task.num_kv_pairs=32 --set seed=0 2>&1 | grep -E "wall|error|pack" | tee "$out/pack_alone.txt"
-    step "24 runs as one pack, T=256, 300 steps"
-    rm -rf /tmp/pack24
     sed 's/^"model.lambda" = .*/"model.lambda" = ["mlp_softplus", "mlp_softmax"]/' /tmp/grid.toml > /tmp/mlp.toml
-    /usr/bin/time -f "pack of 24 wall %e s" timeout $(left 300) $bin sweep /tmp/mlp.toml --device cuda --out /tmp/pack24 \
-        --set train.steps=300 --set task.seq_len=256 2>&1 \
-        | grep -E "wall|error|pack|replica" | tee "$out/pack_24.txt"
+    one=(--set task.seq_len=256 --set model.lambda=mlp_softplus --set task.num_kv_pairs=32 --set seed=0)
+    for w in warm timed; do
+        steps=$([[ $w == warm ]] && echo 20 || echo 300)
+        rm -rf /tmp/alone /tmp/pack24
+        step "$w: one run alone, T=256, K=32, $steps steps, form $form"
+        /usr/bin/time -f "alone wall %e s" timeout $(left 200) $bin sweep /tmp/grid.toml --device cuda --out /tmp/alone \
+            --set train.steps=$steps --set model.form=$form "${one[@]}" 2>&1 | grep -E "wall|error" | tee -a "$out/pack_alone.txt"
+        step "$w: 24 runs as one pack, T=256, $steps steps, form $form"
+        /usr/bin/time -f "pack of 24 wall %e s" timeout $(left 300) $bin sweep /tmp/mlp.toml --device cuda --out /tmp/pack24 \
+            --set train.steps=$steps --set task.seq_len=256 --set model.form=$form 2>&1 \
+            | grep -E "wall|error|pack 1|packing" | cut -c1-200 | tee -a "$out/pack_alone.txt"
+    done
+    echo "steady tokens/s (last log line) — alone: $(tail -n 3 /tmp/alone/*/metrics.jsonl | grep -o '"tokens_per_s":[0-9.]*' | tail -1)"
+    echo "per replica in the pack: $(cat /tmp/pack24/*/metrics.jsonl | grep '"step":300' | grep -o '"tokens_per_s":[0-9.]*' | head -3 | tr '\n' ' ')"
     (cd /tmp && tar czf "$out/pack24.tgz" --exclude='*.safetensors' pack24 alone)
     ;;
 pack-grid:*)
