@@ -231,7 +231,7 @@ fn tensor_core_tiles_keep_their_occupancy_on_the_h200() {
 }
 
 /// The fused softmax cross-entropy (forward nll and the logits' gradient) against the tensor-op
-/// definition, in f32 and with bf16 logits, at vocabularies that are not multiples of the cube
+/// definition, in f32 and with f16 logits, at vocabularies that are not multiples of the cube
 /// (the LM's 50,257 included), one row and many, fresh random logits and targets; a target at
 /// the last column.
 #[test]
@@ -240,11 +240,15 @@ fn cross_entropy_kernels_match_the_definition() {
     use loglinear::nn::loss::{cross_entropy_rows, reference_cross_entropy_rows};
     let seed = test_seed(5);
     let device = device().autodiff();
+    // Both sides compute in f32 and sum V exponentials in different orders: the sums agree to
+    // about √V ulps (≈ 1e-5 relative at V = 50,257), hence the looser bound there; half-precision
+    // logits (f16 here: WGSL has no bf16; bf16 runs in `bench train`'s check on CUDA) round the
+    // gradient to 2⁻¹¹.
     for (rows, vocab, dtype, tol) in [
         (1, 7, DType::F32, 1e-5),
         (37, 300, DType::F32, 1e-5),
-        (5, 50_257, DType::F32, 1e-5),
-        (9, 1_000, DType::BF16, 1e-2),
+        (2, 50_257, DType::F32, 1e-4),
+        (9, 1_000, DType::F16, 2e-3),
     ] {
         let mut rng = seed.wrapping_add(rows as u64 * 31 + vocab as u64);
         let mut next = || {

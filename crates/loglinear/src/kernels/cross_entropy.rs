@@ -13,9 +13,11 @@ use cubecl::prelude::*;
 
 use super::launch::CE_THREADS;
 
-/// A finite stand-in for −∞ in the running maximum: `e^{MIN−x}` is 0 like `e^{−∞}`, and two
-/// empty partial sums merge to 0 instead of `0 · e^{−∞+∞} = NaN`.
-const NEG_BIG: f32 = -3.0e38;
+// The running maximum starts at the lowest finite f32, a stand-in for −∞: `e^{MIN−x}` is 0 like
+// `e^{−∞}`, and two empty partial sums merge to 0 instead of `0 · e^{−∞+∞} = NaN`.
+
+// The tree reduction below starts at half the cube.
+const _: () = assert!(CE_THREADS == 256);
 
 /// Per row: `lse = max x + ln Σ e^{x − max x}` and `nll = lse − x[target]` (f32).
 ///
@@ -38,7 +40,7 @@ pub fn ce_forward_kernel<E: Float, I: Int>(
     let u = UNIT_POS_X as usize;
     let base = row * vocab;
     // Online softmax: the running maximum m and Σ e^{x−m} of this unit's columns.
-    let mut m = NEG_BIG;
+    let mut m = f32::min_value();
     let mut s = 0.0f32;
     let mut i = u;
     while i < vocab {
@@ -56,7 +58,7 @@ pub fn ce_forward_kernel<E: Float, I: Int>(
     sm[u] = m;
     ss[u] = s;
     sync_cube();
-    let mut stride = comptime!(CE_THREADS / 2);
+    let mut stride = 128usize;
     while stride > 0 {
         if u < stride {
             let (m1, m2) = (sm[u], sm[u + stride]);
