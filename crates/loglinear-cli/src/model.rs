@@ -152,7 +152,8 @@ pub fn masked_cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> (Tens
     let count = scored.clone().int().sum().into_scalar::<i64>().max(0) as usize;
     let safe = targets.mask_fill(scored.clone().bool_not(), 0);
     // −log p(target) per position: fused kernels on GPUs, tensor ops on the CPU.
-    let nll = cross_entropy_rows(logits.reshape([b * t, v]), safe); // [B·T], f32
-    let loss = (nll * scored.float()).sum() / (count.max(1) as f64);
+    let nll = cross_entropy_rows(logits.reshape([b * t, v]), safe); // [B·T], the logits' float dtype
+    let weight = scored.float().cast(nll.dtype());
+    let loss = (nll * weight).sum() / (count.max(1) as f64);
     (loss, count)
 }

@@ -416,10 +416,11 @@ fn replica_cross_entropy(logits: Tensor<4>, targets: Tensor<3, Int>, scored: &[u
     let targets = targets.reshape([r * b * t]);
     let mask = targets.clone().not_equal_elem(IGNORE);
     let safe = targets.mask_fill(mask.clone().bool_not(), 0);
-    let nll = cross_entropy_rows(logits.reshape([r * b * t, v]), safe); // [R·B·T], f32
-    let picked = (nll * mask.float()).reshape([r, b * t]);
+    let nll = cross_entropy_rows(logits.reshape([r * b * t, v]), safe); // [R·B·T]
+    let dtype = nll.dtype();
+    let picked = (nll * mask.float().cast(dtype)).reshape([r, b * t]);
     let counts: Vec<f32> = scored.iter().map(|&c| c.max(1) as f32).collect();
-    let counts = Tensor::<1>::from_data(TensorData::new(counts, [r]), &device);
+    let counts = Tensor::<1>::from_data(TensorData::new(counts, [r]), &device).cast(dtype);
     picked.sum_dim(1).reshape([r]) / counts
 }
 
