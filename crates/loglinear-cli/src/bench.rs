@@ -584,7 +584,7 @@ fn loss_curve(cfg: &crate::config::ExperimentConfig, steps: usize, device: &Devi
     let ad = device.clone().autodiff();
     let mut model = Model::new(cfg, &ad);
     let mut optim = crate::train::optimizer(&cfg.train);
-    let form = cfg.model.form_on(&ad);
+    let form = cfg.model.form();
     let (b, t, v) = (cfg.train.batch_size, cfg.task.seq_len(), cfg.task.vocab_size());
     (0..steps)
         .map(|step| {
@@ -674,7 +674,7 @@ pub fn bench_train(cfg: &TrainBench, device: &Device) -> Result<String> {
     for mode in &cfg.modes {
         let started = Instant::now();
         let run_cfg = lm_bench_config(mode, d_model, layers, seq_len, batch, &cfg.precision, &cfg.form)?;
-        let form = run_cfg.model.form_on(&ad);
+        let form = run_cfg.model.form();
         let mut model = Model::new(&run_cfg, &ad);
         let params = burn::module::Module::num_params(&model);
         let mut optim = crate::train::optimizer(&run_cfg.train);

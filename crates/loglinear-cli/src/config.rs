@@ -4,7 +4,6 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use burn::prelude::Device;
 use loglinear::fenwick::num_levels;
 use loglinear::nn::{LambdaMode, Precision};
 use loglinear::ops::Form;
@@ -54,9 +53,9 @@ pub enum Arch {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FormName {
-    /// The default: `fused` where its kernels run on tensor cores (bf16 mixed precision on a
-    /// device with `cmma`, `d_state` a multiple of 16), `chunked` elsewhere — the faster of the
-    /// two in each case as measured on the H200 (bench/RESULTS.md).
+    /// [`Form::Auto`]: the library picks the fused kernels where they run on tensor cores (bf16
+    /// mixed precision on a device with `cmma`, `d_state` a multiple of 16) and `chunked`
+    /// elsewhere — the faster of the two in each case as measured on the H200 (bench/RESULTS.md).
     Auto,
     /// Quadratic.
     Parallel,
@@ -154,37 +153,15 @@ fn d_std() -> f64 {
 }
 
 impl ModelConfig {
-    /// The core-op form on `device`. `auto` is the fused kernels where they run on tensor cores
-    /// (their forward+backward took 0.29–0.36× the chunked form's time in bf16 on the H200,
-    /// session 4) and the chunked form elsewhere: in f32 the fused op runs scalar kernels, which
-    /// measured slower than the chunked form (session 2), and on the CPU `fused` is the chunked
-    /// form with chunk 64 anyway.
-    pub fn form_on(&self, device: &Device) -> Form {
+    /// The core-op form. `auto` is [`Form::Auto`]: the library chooses, call by call, between
+    /// the fused kernels and the chunked form with `chunk` from the actual inputs and device.
+    pub fn form(&self) -> Form {
         match self.form {
-            FormName::Auto if self.fused_on_tensor_cores(device) => Form::Fused,
-            FormName::Auto => Form::Chunked { chunk: self.chunk },
+            FormName::Auto => Form::Auto { chunk: self.chunk },
             FormName::Parallel => Form::Parallel,
             FormName::Chunked => Form::Chunked { chunk: self.chunk },
             FormName::Recurrent => Form::Recurrent,
             FormName::Fused => Form::Fused,
-        }
-    }
-
-    /// Whether the fused op would run on tensor cores for this model on `device`.
-    fn fused_on_tensor_cores(&self, device: &Device) -> bool {
-        #[cfg(feature = "kernels")]
-        {
-            self.precision == Precision::Bf16
-                && loglinear::kernels::runs_on_tensor_cores(
-                    device,
-                    burn::tensor::DType::BF16,
-                    self.d_state,
-                )
-        }
-        #[cfg(not(feature = "kernels"))]
-        {
-            let _ = device;
-            false
         }
     }
 }

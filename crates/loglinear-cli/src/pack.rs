@@ -181,7 +181,7 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
 
     let cfg0 = replicas[0].run.config.clone();
     let (b, t) = (cfg0.train.batch_size, cfg0.task.seq_len());
-    let form = cfg0.model.form_on(&device);
+    let form = cfg0.model.form();
     let total_steps = replicas.iter().map(|r| r.run.config.train.steps).max().unwrap_or(0);
     let bar = progress_bar(
         opts.progress,
@@ -444,7 +444,7 @@ fn evaluate_pack(
         })
         .collect::<Result<_>>()?;
     let cfg = &replicas[0].run.config;
-    let form = cfg.model.form_on(device);
+    let form = cfg.model.form();
     let examples = pools[0].len();
     if let Some(p) = pools.iter().find(|p| p.len() != examples) {
         bail!("evaluation pools of a pack differ in size ({} and {examples})", p.len());
@@ -514,7 +514,7 @@ pub fn measure_replica_bytes(cfg: &ExperimentConfig, device: &Device) -> Result<
     let mut rng = rand::rngs::StdRng::seed_from_u64(0);
     let ids: Vec<i64> = (0..2 * b * t).map(|_| rng.random_range(0..v as i64)).collect();
     let tokens = Tensor::<3, Int>::from_data(TensorData::new(ids, [2, b, t]), &ad);
-    let logits = packed.run(tokens.clone(), cfg.model.form_on(&ad));
+    let logits = packed.run(tokens.clone(), cfg.model.form());
     let loss = replica_cross_entropy(logits, tokens, &[b * t, b * t]).sum();
     let grads = loss.backward();
     device.sync().ok();

@@ -233,7 +233,7 @@ impl Accumulator {
         inputs: Tensor<2, Int>,
         targets: Tensor<2, Int>,
     ) {
-        let form = cfg.model.form_on(&inputs.device());
+        let form = cfg.model.form();
         let logits = model.forward(inputs, form, false).logits;
         let predictions: Vec<u32> = logits
             .clone()
@@ -456,7 +456,7 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
     }
 
     let bar = progress_bar(opts.progress, t.steps, state.step, &cfg.name);
-    let form = cfg.model.form_on(&device);
+    let form = cfg.model.form();
     let tokens_per_step = (t.batch_size * cfg.task.seq_len()) as f64;
     let mut last = (f64::NAN, f64::NAN);
     let mut window = Instant::now();

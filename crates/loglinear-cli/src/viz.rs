@@ -79,7 +79,7 @@ pub fn trace_run(run_dir: &Path, samples: usize, device: &Device) -> Result<Lamb
             batch_tensors(&pool, &indices, device).0
         }
     };
-    let out = model.forward(inputs, config.model.form_on(device), true);
+    let out = model.forward(inputs, config.model.form(), true);
     let dims = out
         .lambda
         .first()

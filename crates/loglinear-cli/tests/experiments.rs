@@ -194,35 +194,29 @@ fn overrides_and_sweeps_expand_to_typed_configs() {
     assert_eq!(pinned.expand().unwrap().len(), 3);
 }
 
-/// `model.form` defaults to `auto`, which is the chunked form with `model.chunk` wherever the
-/// fused kernels would not run on tensor cores — on the CPU always, bf16 or not — and the named
-/// forms map to themselves.
+/// `model.form` defaults to `auto`, which is the library's `Form::Auto` with `model.chunk` (the
+/// library then picks the chunked form wherever the fused kernels would not run on tensor cores,
+/// tested in the library's tests/forms.rs), and the named forms map to themselves.
 #[test]
-fn the_default_form_is_auto_and_chunked_on_the_cpu() {
+fn the_default_form_is_auto_with_the_chunk() {
     use loglinear::ops::Form;
     use loglinear_cli::config::FormName;
-    let cpu = burn::prelude::Device::flex();
     let no_form = TINY.replace("form = \"chunked\"\n", "");
     let c = ConfigFile::parse(&no_form, &[]).unwrap().config().unwrap();
     assert_eq!(c.model.form, FormName::Auto);
-    assert_eq!(c.model.form_on(&cpu), Form::Chunked { chunk: 4 });
-    let bf16 = ConfigFile::parse(&no_form, &["model.precision=bf16".into()])
-        .unwrap()
-        .config()
-        .unwrap();
-    assert_eq!(bf16.model.form_on(&cpu), Form::Chunked { chunk: 4 });
+    assert_eq!(c.model.form(), Form::Auto { chunk: 4 });
     for (name, form) in [
         ("fused", Form::Fused),
         ("chunked", Form::Chunked { chunk: 4 }),
         ("parallel", Form::Parallel),
         ("recurrent", Form::Recurrent),
-        ("auto", Form::Chunked { chunk: 4 }),
+        ("auto", Form::Auto { chunk: 4 }),
     ] {
         let c = ConfigFile::parse(&no_form, &[format!("model.form={name}")])
             .unwrap()
             .config()
             .unwrap();
-        assert_eq!(c.model.form_on(&cpu), form, "{name}");
+        assert_eq!(c.model.form(), form, "{name}");
     }
 }
 
