@@ -7,7 +7,7 @@ use anyhow::{Result, bail};
 use burn::prelude::*;
 use burn::tensor::{DType, TensorData};
 use loglinear::fenwick::num_levels;
-use loglinear::nn::{LambdaMode, LmConfig, TransformerConfig};
+use loglinear::nn::{LambdaMode, LmConfig, MixerConfig, TransformerConfig};
 use loglinear::ops::{Dims, FenwickState, Form, LogLinearInput, log_linear_attn};
 use loglinear::host::{HostInput, closeness};
 
@@ -456,7 +456,7 @@ pub fn bench_decode(
     // Each context gets a model with just the levels it needs, num_levels(context + steps + 1),
     // as a deployment would size its cache: that is where the O(log T) growth shows.
     let model_for = |context: usize| {
-        let mut config = LmConfig::new(vocab, d_model, layers);
+        let mut config = LmConfig::new(vocab, layers, MixerConfig::new(d_model));
         config.mixer.expand = 1;
         config.mixer.lambda.mode = LambdaMode::MlpSoftplus;
         config.mixer.lambda.levels = num_levels(context + steps + 1);

@@ -25,7 +25,7 @@ use loglinear::nn::PackedSyntheticLm;
 use serde_json::json;
 
 use crate::checkpoint::{self, TrainState};
-use crate::config::{Arch, ExperimentConfig};
+use crate::config::{ExperimentConfig, Network};
 use crate::model::Model;
 use crate::optim::{Adam, Hyper, ReplicaStep};
 use crate::tasks::{Example, IGNORE, batch, masked_accuracy};
@@ -47,12 +47,13 @@ pub struct PackRun {
 /// their batches (training and evaluation), the core-op form and the optimiser family. `None`
 /// for runs that train alone (language models, architectures other than `paper_synthetic`).
 pub fn pack_key(cfg: &ExperimentConfig) -> Option<String> {
-    let cfg = cfg.resolved();
-    if cfg.model.arch != Arch::PaperSynthetic || cfg.task.is_lm() {
+    let Ok(Network::PaperSynthetic(m)) = cfg.network() else {
+        return None;
+    };
+    if cfg.task.is_lm() {
         return None;
     }
-    let m = &cfg.model;
-    let layout = match m.lambda {
+    let layout = match m.lambda.mode {
         loglinear::nn::LambdaMode::Linear => "linear",
         loglinear::nn::LambdaMode::MlpSoftplus | loglinear::nn::LambdaMode::MlpSoftmax => "mlp",
         loglinear::nn::LambdaMode::Ones => "ones",
@@ -63,9 +64,9 @@ pub fn pack_key(cfg: &ExperimentConfig) -> Option<String> {
             "seq_len": cfg.task.seq_len(),
             "batch": cfg.train.batch_size,
             "optimizer": format!("{:?}", cfg.train.optimizer),
-            "model": [m.d_model, m.n_layers, m.heads, m.d_state, m.head_dim, m.mlp_hidden, cfg.levels(), m.chunk],
+            "model": [m.d_model, m.n_layers, m.heads, m.d_state, m.head_dim, m.lambda.mlp_hidden, m.lambda.levels],
             "lambda_layout": layout,
-            "form": format!("{:?}", m.form),
+            "form": format!("{:?}", cfg.model.form()),
             "precision": format!("{:?}", m.precision),
             "eval": [cfg.eval.examples, cfg.eval.batch_size],
             "test_seq_len": cfg.eval.test_seq_len,
@@ -124,7 +125,7 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
     let mut models = Vec::new();
     let mut optim_states = Vec::new();
     for run in runs {
-        let cfg = run.config.resolved();
+        let cfg = run.config.resolved()?;
         prepare_folder(&cfg, &run.out)?;
         let pool_key = json!({"task": &cfg.task, "seed": cfg.seed, "train": cfg.train.train_examples,
             "eval": [cfg.eval.examples, cfg.eval.seed_offset], "test": cfg.eval.test_seq_len})
@@ -498,7 +499,7 @@ fn evaluate_pack(
 /// state, activations), measured with a pack of two on `device`.
 pub fn measure_replica_bytes(cfg: &ExperimentConfig, device: &Device) -> Result<u64> {
     use rand::{Rng, SeedableRng};
-    let cfg = cfg.resolved();
+    let cfg = cfg.resolved()?;
     let ad = device.clone().autodiff();
     device.sync().ok();
     let before = device.memory_pool_usage().map_or(0, |u| u.bytes_reserved);

@@ -430,7 +430,7 @@ pub(crate) fn truncate_metrics(path: &Path, step: usize) -> Result<()> {
 /// Trains one run to the end (or early stop), resuming if asked; returns its summary.
 pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
     let started = Instant::now();
-    let cfg = &cfg.resolved();
+    let cfg = &cfg.resolved()?;
     let out = &opts.out;
     // The data first, so that a run which cannot start leaves no folder behind; then the run
     // folder: new, resumed or replaced, never mixed with another run (run_dir).

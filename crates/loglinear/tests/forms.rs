@@ -146,7 +146,11 @@ fn auto_is_the_chunked_form_on_the_cpu_bit_for_bit() {
         let rest = x.narrow(33, 37);
         let by_auto = log_linear_attn(&rest, Form::Auto { chunk: 16 }, Some(&state), true);
         let by_chunked = log_linear_attn(&rest, Form::Chunked { chunk: 16 }, Some(&state), true);
-        assert_eq!(to_f64(&by_auto.o), to_f64(&by_chunked.o), "{ctx} o after a state");
+        assert_eq!(
+            to_f64(&by_auto.o),
+            to_f64(&by_chunked.o),
+            "{ctx} o after a state"
+        );
         assert_eq!(
             to_f64(&by_auto.state.unwrap().levels),
             to_f64(&by_chunked.state.unwrap().levels),

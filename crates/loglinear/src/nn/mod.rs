@@ -1,5 +1,6 @@
 //! Modules: the λ modes, the log-linear Mamba-2 mixer and the language model.
 
+pub mod check;
 pub mod init;
 pub mod lambda;
 pub mod mixer;
@@ -8,6 +9,7 @@ pub mod packed;
 pub mod synthetic;
 pub mod transformer;
 
+pub use check::ConfigError;
 pub use init::Precision;
 pub use lambda::{LambdaConfig, LambdaMlp, LambdaMode, LevelWeights};
 pub use mixer::{LogLinearMamba2, MixerConfig, MixerOutput, MixerState};

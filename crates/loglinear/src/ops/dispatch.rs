@@ -125,7 +125,13 @@ pub fn log_linear_attn(
     match form {
         Form::Auto { chunk } => {
             let with_state = initial.is_some() || return_state;
-            let form = auto_form(chunk, x.dtype(), x.dims().n, bf16_cmma(&x.device()), with_state);
+            let form = auto_form(
+                chunk,
+                x.dtype(),
+                x.dims().n,
+                bf16_cmma(&x.device()),
+                with_state,
+            );
             return match form {
                 // Should the kernels not fit after all, the fallback keeps the configured chunk.
                 Form::Fused => fused_or_chunked(x, chunk, initial, return_state),
