@@ -7,7 +7,7 @@ use anyhow::{Result, bail};
 use burn::prelude::*;
 use burn::tensor::{DType, TensorData};
 use loglinear::fenwick::num_levels;
-use loglinear::nn::{LambdaMode, LmConfig, TransformerConfig};
+use loglinear::nn::{LambdaMode, LmConfig, MixerConfig, TransformerConfig};
 use loglinear::ops::{Dims, FenwickState, Form, LogLinearInput, log_linear_attn};
 use loglinear::host::{HostInput, closeness};
 
@@ -456,7 +456,7 @@ pub fn bench_decode(
     // Each context gets a model with just the levels it needs, num_levels(context + steps + 1),
     // as a deployment would size its cache: that is where the O(log T) growth shows.
     let model_for = |context: usize| {
-        let mut config = LmConfig::new(vocab, d_model, layers);
+        let mut config = LmConfig::new(vocab, layers, MixerConfig::new(d_model));
         config.mixer.expand = 1;
         config.mixer.lambda.mode = LambdaMode::MlpSoftplus;
         config.mixer.lambda.levels = num_levels(context + steps + 1);
@@ -584,7 +584,7 @@ fn loss_curve(cfg: &crate::config::ExperimentConfig, steps: usize, device: &Devi
     let ad = device.clone().autodiff();
     let mut model = Model::new(cfg, &ad);
     let mut optim = crate::train::optimizer(&cfg.train);
-    let form = cfg.model.form_on(&ad);
+    let form = cfg.model.form();
     let (b, t, v) = (cfg.train.batch_size, cfg.task.seq_len(), cfg.task.vocab_size());
     (0..steps)
         .map(|step| {
@@ -674,7 +674,7 @@ pub fn bench_train(cfg: &TrainBench, device: &Device) -> Result<String> {
     for mode in &cfg.modes {
         let started = Instant::now();
         let run_cfg = lm_bench_config(mode, d_model, layers, seq_len, batch, &cfg.precision, &cfg.form)?;
-        let form = run_cfg.model.form_on(&ad);
+        let form = run_cfg.model.form();
         let mut model = Model::new(&run_cfg, &ad);
         let params = burn::module::Module::num_params(&model);
         let mut optim = crate::train::optimizer(&run_cfg.train);

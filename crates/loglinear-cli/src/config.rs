@@ -4,10 +4,12 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use burn::prelude::Device;
 use loglinear::fenwick::num_levels;
-use loglinear::nn::{LambdaMode, Precision};
-use loglinear::ops::Form;
+use loglinear::nn::{
+    ConfigError, LambdaConfig, LambdaMode, LmConfig, MixerConfig, Precision, SyntheticConfig,
+    TransformerConfig,
+};
+use loglinear::ops::{DEFAULT_CHUNK, Form};
 use serde::{Deserialize, Serialize};
 
 use crate::tasks::TaskConfig;
@@ -39,24 +41,26 @@ fn default_name() -> String {
 }
 
 /// Which network.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Arch {
     /// The log-linear Mamba-2 LM of the official code (conv, gate, gated RMSNorm, GatedMLP).
     Mamba2,
     /// The simplified model of the adaptive-decay paper's synthetic runs (spec §7.2.2).
+    #[default]
     PaperSynthetic,
     /// A GPT-2-style causal softmax Transformer (the LM baseline); `heads` heads.
     Transformer,
 }
 
 /// Which form of the core op to train with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FormName {
-    /// The default: `fused` where its kernels run on tensor cores (bf16 mixed precision on a
-    /// device with `cmma`, `d_state` a multiple of 16), `chunked` elsewhere — the faster of the
-    /// two in each case as measured on the H200 (bench/RESULTS.md).
+    /// [`Form::Auto`]: the library picks the fused kernels where they run on tensor cores (bf16
+    /// mixed precision on a device with `cmma`, `d_state` a multiple of 16) and `chunked`
+    /// elsewhere — the faster of the two in each case as measured on the H200 (bench/RESULTS.md).
+    #[default]
     Auto,
     /// Quadratic.
     Parallel,
@@ -68,124 +72,125 @@ pub enum FormName {
     Fused,
 }
 
-/// Model configuration (both architectures; fields that one of them ignores say so).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// The `[model]` table: the architecture, and values for the fields of its library config
+/// ([`SyntheticConfig`], [`LmConfig`] with [`MixerConfig`] and [`LambdaConfig`], or
+/// [`TransformerConfig`]). An absent key takes the library's default for that architecture (the
+/// LMs' `d_model` and `n_layers` and the transformer's `heads` have none and are required); a
+/// key the architecture does not read is ignored. [`ExperimentConfig::resolved`] writes out every
+/// value the architecture reads and drops the keys it ignores (TOML leaves absent values out);
+/// [`ExperimentConfig::network`] is the library config.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ModelConfig {
-    /// Architecture.
-    #[serde(default = "d_arch")]
+    /// Architecture (default `paper_synthetic`).
     pub arch: Arch,
-    /// λ mode.
-    #[serde(default)]
-    pub lambda: LambdaMode,
+    /// λ mode (paper_synthetic, mamba2).
+    pub lambda: Option<LambdaMode>,
     /// λ slots; default `num_levels` of the longest sequence the run sees (train or test
     /// length), so test-length evaluation has its levels.
-    #[serde(default)]
     pub levels: Option<usize>,
     /// Hidden width of the λ-MLP.
-    #[serde(default = "d_64")]
-    pub mlp_hidden: usize,
+    pub mlp_hidden: Option<usize>,
     /// Model width.
-    #[serde(default = "d_64")]
-    pub d_model: usize,
+    pub d_model: Option<usize>,
     /// Number of layers.
-    #[serde(default = "d_2")]
-    pub n_layers: usize,
+    pub n_layers: Option<usize>,
     /// Heads (paper_synthetic, transformer; for mamba2 heads = expand·d_model/head_dim).
-    #[serde(default = "d_1")]
-    pub heads: usize,
-    /// Value width per head `P`.
-    #[serde(default = "d_64")]
-    pub head_dim: usize,
-    /// Key width `N`.
-    #[serde(default = "d_64")]
-    pub d_state: usize,
+    pub heads: Option<usize>,
+    /// Value width per head `P` (paper_synthetic, mamba2).
+    pub head_dim: Option<usize>,
+    /// Key width `N` (paper_synthetic, mamba2).
+    pub d_state: Option<usize>,
     /// Inner width factor (mamba2).
-    #[serde(default = "d_1")]
-    pub expand: usize,
+    pub expand: Option<usize>,
     /// B/C groups (mamba2).
-    #[serde(default = "d_1")]
-    pub n_groups: usize,
+    pub n_groups: Option<usize>,
     /// Conv width (mamba2).
-    #[serde(default = "d_4")]
-    pub conv_kernel: usize,
-    /// GatedMLP width (mamba2); default by the spec's rule.
-    #[serde(default)]
+    pub conv_kernel: Option<usize>,
+    /// MLP width (mamba2, transformer); default by the architecture's rule.
     pub mlp_width: Option<usize>,
-    /// Tie the LM head to the embedding (mamba2).
-    #[serde(default)]
-    pub tie_embeddings: bool,
+    /// Tie the LM head to the embedding (mamba2, transformer).
+    pub tie_embeddings: Option<bool>,
     /// Std of the normal init.
-    #[serde(default = "d_std")]
-    pub initializer_range: f64,
-    /// Core-op form for training and evaluation.
-    #[serde(default = "d_form")]
-    pub form: FormName,
-    /// Chunk size of the chunked form (a power of two); `fused` chooses its own.
-    #[serde(default = "d_64")]
-    pub chunk: usize,
+    pub initializer_range: Option<f64>,
+    /// Core-op form for training and evaluation (paper_synthetic, mamba2; default `auto`).
+    pub form: Option<FormName>,
+    /// Chunk size of the chunked form, a power of two (paper_synthetic, mamba2; default
+    /// [`DEFAULT_CHUNK`]); `fused` chooses its own.
+    pub chunk: Option<usize>,
     /// Compute dtype: `full` (the parameters' f32) or `bf16` (mixed precision: bf16 activations
     /// and matrix products; f32 master weights, optimiser state, norms, decays, λ and the core
     /// op's cumulative sums and states; f32 logits for the loss).
-    #[serde(default)]
     pub precision: Precision,
 }
 
-fn d_arch() -> Arch {
-    Arch::PaperSynthetic
-}
-fn d_form() -> FormName {
-    FormName::Auto
-}
-fn d_64() -> usize {
-    64
-}
-fn d_4() -> usize {
-    4
-}
-fn d_2() -> usize {
-    2
-}
-fn d_1() -> usize {
-    1
-}
-fn d_std() -> f64 {
-    0.02
-}
-
 impl ModelConfig {
-    /// The core-op form on `device`. `auto` is the fused kernels where they run on tensor cores
-    /// (their forward+backward took 0.29–0.36× the chunked form's time in bf16 on the H200,
-    /// session 4) and the chunked form elsewhere: in f32 the fused op runs scalar kernels, which
-    /// measured slower than the chunked form (session 2), and on the CPU `fused` is the chunked
-    /// form with chunk 64 anyway.
-    pub fn form_on(&self, device: &Device) -> Form {
-        match self.form {
-            FormName::Auto if self.fused_on_tensor_cores(device) => Form::Fused,
-            FormName::Auto => Form::Chunked { chunk: self.chunk },
+    /// The λ mode (the library's default where the key is absent).
+    pub fn lambda(&self) -> LambdaMode {
+        self.lambda.unwrap_or_default()
+    }
+
+    /// Chunk size of the chunked form (the library's usual one where the key is absent).
+    pub fn chunk(&self) -> usize {
+        self.chunk.unwrap_or(DEFAULT_CHUNK)
+    }
+
+    /// The core-op form. `auto` is [`Form::Auto`]: the library chooses, call by call, between
+    /// the fused kernels and the chunked form with `chunk` from the actual inputs and device.
+    pub fn form(&self) -> Form {
+        let chunk = self.chunk();
+        match self.form.unwrap_or_default() {
+            FormName::Auto => Form::Auto { chunk },
             FormName::Parallel => Form::Parallel,
-            FormName::Chunked => Form::Chunked { chunk: self.chunk },
+            FormName::Chunked => Form::Chunked { chunk },
             FormName::Recurrent => Form::Recurrent,
             FormName::Fused => Form::Fused,
         }
     }
+}
 
-    /// Whether the fused op would run on tensor cores for this model on `device`.
-    fn fused_on_tensor_cores(&self, device: &Device) -> bool {
-        #[cfg(feature = "kernels")]
-        {
-            self.precision == Precision::Bf16
-                && loglinear::kernels::runs_on_tensor_cores(
-                    device,
-                    burn::tensor::DType::BF16,
-                    self.d_state,
-                )
+/// The library config of a run's network.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Network {
+    /// `arch = "mamba2"`.
+    Mamba2(LmConfig),
+    /// `arch = "paper_synthetic"`.
+    PaperSynthetic(SyntheticConfig),
+    /// `arch = "transformer"`.
+    Transformer(TransformerConfig),
+}
+
+impl Network {
+    /// The library's check of the sizes, naming the field that is out of range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        match self {
+            Network::Mamba2(c) => c.validate(),
+            Network::PaperSynthetic(c) => c.validate(),
+            Network::Transformer(c) => c.validate(),
         }
-        #[cfg(not(feature = "kernels"))]
-        {
-            let _ = device;
-            false
-        }
+    }
+}
+
+/// Sets a library config's `field` to the key's `value` where the config file gives one, and
+/// returns the value in effect: one call per key both applies it and reads back what the
+/// resolved config states.
+fn bind<T: Copy>(value: Option<T>, field: &mut T) -> Option<T> {
+    if let Some(v) = value {
+        *field = v;
+    }
+    Some(*field)
+}
+
+/// The config key of a library config's field: the field's own name (the library names its
+/// fields as the `[model]` table does), but for the few that have another name here or that the
+/// task sets.
+fn key_of(field: &str) -> String {
+    match field.rsplit('.').next().unwrap_or(field) {
+        "mode" => "model.lambda".into(),
+        "n_heads" => "model.heads".into(),
+        "vocab_size" => "task.vocab_size".into(),
+        "max_seq_len" => "task.seq_len".into(),
+        leaf => format!("model.{leaf}"),
     }
 }
 
@@ -309,12 +314,22 @@ impl ExperimentConfig {
         self.task.seq_len().max(self.eval.test_seq_len.unwrap_or(0))
     }
 
-    /// The config with every derived choice written out (today: `model.levels`), as stored in
-    /// the run directory, so that evaluating at another length keeps the trained model's shape.
-    pub fn resolved(&self) -> Self {
-        let mut c = self.clone();
-        c.model.levels = Some(self.levels());
-        c
+    /// The config as stored in the run directory: `[model]` with every value the architecture
+    /// reads written out (the library's defaults included, so a run folder states its model in
+    /// full and evaluating at another length keeps the trained model's shape) and the keys it
+    /// ignores dropped. Errors when a key the architecture requires is absent.
+    pub fn resolved(&self) -> Result<Self> {
+        let (_, model) = self.bind()?;
+        Ok(Self {
+            model,
+            ..self.clone()
+        })
+    }
+
+    /// The library config of the run's network: the library's defaults for the architecture,
+    /// overridden by the keys of `[model]`. Errors when a key it requires is absent.
+    pub fn network(&self) -> Result<Network> {
+        Ok(self.bind()?.0)
     }
 
     /// λ slots of the model.
@@ -324,13 +339,91 @@ impl ExperimentConfig {
             .unwrap_or_else(|| num_levels(self.max_seq_len()))
     }
 
+    /// [`ExperimentConfig::network`] and the resolved `[model]` table, from one pass over the keys
+    /// of the architecture (the one place where the table meets the library configs).
+    fn bind(&self) -> Result<(Network, ModelConfig)> {
+        let m = &self.model;
+        let vocab = self.task.vocab_size();
+        let required = |key: &str, value: Option<usize>| {
+            value.with_context(|| {
+                format!(
+                    "model.{key} is required for arch = \"{}\": the architecture has no default for it",
+                    arch_name(m.arch)
+                )
+            })
+        };
+        // Every architecture reads these; the rest stay absent unless the arch binds them.
+        let mut r = ModelConfig {
+            arch: m.arch,
+            precision: m.precision,
+            ..ModelConfig::default()
+        };
+        // The keys of the core op and its λ, which the two log-linear architectures share.
+        let bind_op = |c: &mut LambdaConfig, r: &mut ModelConfig| {
+            r.lambda = bind(m.lambda, &mut c.mode);
+            r.levels = bind(Some(self.levels()), &mut c.levels);
+            r.mlp_hidden = bind(m.mlp_hidden, &mut c.mlp_hidden);
+            r.form = Some(m.form.unwrap_or_default());
+            r.chunk = Some(m.chunk.unwrap_or(DEFAULT_CHUNK));
+        };
+        let network = match m.arch {
+            Arch::PaperSynthetic => {
+                let mut c = SyntheticConfig::new(vocab, LambdaConfig::new());
+                bind_op(&mut c.lambda, &mut r);
+                r.d_model = bind(m.d_model, &mut c.d_model);
+                r.n_layers = bind(m.n_layers, &mut c.n_layers);
+                r.heads = bind(m.heads, &mut c.heads);
+                r.head_dim = bind(m.head_dim, &mut c.head_dim);
+                r.d_state = bind(m.d_state, &mut c.d_state);
+                r.initializer_range = bind(m.initializer_range, &mut c.initializer_range);
+                c.precision = m.precision;
+                Network::PaperSynthetic(c)
+            }
+            Arch::Mamba2 => {
+                let mixer = MixerConfig::new(required("d_model", m.d_model)?);
+                let mut c = LmConfig::new(vocab, required("n_layers", m.n_layers)?, mixer);
+                bind_op(&mut c.mixer.lambda, &mut r);
+                let x = &mut c.mixer;
+                r.d_model = Some(x.d_model);
+                r.expand = bind(m.expand, &mut x.expand);
+                r.head_dim = bind(m.head_dim, &mut x.head_dim);
+                r.d_state = bind(m.d_state, &mut x.d_state);
+                r.n_groups = bind(m.n_groups, &mut x.n_groups);
+                r.conv_kernel = bind(m.conv_kernel, &mut x.conv_kernel);
+                r.n_layers = Some(c.n_layers);
+                r.tie_embeddings = bind(m.tie_embeddings, &mut c.tie_embeddings);
+                r.initializer_range = bind(m.initializer_range, &mut c.initializer_range);
+                c.mlp_width = m.mlp_width;
+                r.mlp_width = Some(c.mlp_width());
+                c.precision = m.precision;
+                Network::Mamba2(c)
+            }
+            Arch::Transformer => {
+                let (d, layers) = (
+                    required("d_model", m.d_model)?,
+                    required("n_layers", m.n_layers)?,
+                );
+                let mut c = TransformerConfig::new(vocab, d, layers, required("heads", m.heads)?);
+                // Position rows for the longest sequence the run reads (train or test length).
+                c.max_seq_len = self.max_seq_len();
+                (r.d_model, r.n_layers, r.heads) = (Some(d), Some(layers), Some(c.n_heads));
+                r.tie_embeddings = bind(m.tie_embeddings, &mut c.tie_embeddings);
+                r.initializer_range = bind(m.initializer_range, &mut c.initializer_range);
+                c.mlp_width = m.mlp_width;
+                r.mlp_width = Some(c.mlp_width());
+                c.precision = m.precision;
+                Network::Transformer(c)
+            }
+        };
+        Ok((network, r))
+    }
+
     /// Checks every value against its meaningful range and every cross-field rule; the error
     /// names the key path, the value and what is expected. Runs before a run writes anything.
     pub fn validate(&self) -> Result<()> {
         self.task.validate().map_err(|e| task_error(&e))?;
         let t = &self.train;
         let e = &self.eval;
-        let m = &self.model;
         let lm = self.task.is_lm();
         // (holds, message): the first that fails is the error.
         let checks: Vec<(bool, String)> = vec![
@@ -416,43 +509,6 @@ impl ExperimentConfig {
                  another length with `loglinear eval RUN --set task.seq_len=T`"
                     .into(),
             ),
-            positive("model.d_model", m.d_model),
-            positive("model.n_layers", m.n_layers),
-            positive("model.heads", m.heads),
-            positive("model.head_dim", m.head_dim),
-            positive("model.d_state", m.d_state),
-            positive("model.expand", m.expand),
-            positive("model.n_groups", m.n_groups),
-            positive("model.conv_kernel", m.conv_kernel),
-            positive("model.mlp_hidden", m.mlp_hidden),
-            (
-                m.mlp_width != Some(0),
-                "model.mlp_width must be positive when set, got 0".into(),
-            ),
-            (
-                m.levels != Some(0),
-                "model.levels must be positive when set, got 0".into(),
-            ),
-            (
-                m.initializer_range > 0.0 && m.initializer_range.is_finite(),
-                format!(
-                    "model.initializer_range must be a positive standard deviation, got {}",
-                    m.initializer_range
-                ),
-            ),
-            (
-                m.chunk.is_power_of_two(),
-                format!("model.chunk must be a power of two, got {}", m.chunk),
-            ),
-            (
-                self.levels() >= num_levels(self.max_seq_len()),
-                format!(
-                    "model.levels = {} is too few for sequences of length {}: need {}",
-                    self.levels(),
-                    self.max_seq_len(),
-                    num_levels(self.max_seq_len())
-                ),
-            ),
         ];
         if let Some((_, msg)) = checks.iter().find(|(ok, _)| !ok) {
             bail!("{msg}");
@@ -463,8 +519,32 @@ impl ExperimentConfig {
                 .validate()
                 .map_err(|e| anyhow::anyhow!("eval.test_seq_len = {test}: {}", task_error(&e)))?;
         }
-        crate::model::check_model_config(self)?;
+        // The model: the library checks its config; what the run adds (the levels its longest
+        // sequence needs, the chunk of the form) is checked here, for the arch that reads it.
+        let (network, model) = self.bind()?;
+        network
+            .validate()
+            .map_err(|e| anyhow::anyhow!("{} {}", key_of(&e.field), e.problem))?;
+        let (levels, need) = (self.levels(), num_levels(self.max_seq_len()));
+        if model.levels.is_some() && levels < need {
+            bail!(
+                "model.levels = {levels} is too few for sequences of length {}: need {need}",
+                self.max_seq_len()
+            );
+        }
+        if let Some(chunk) = model.chunk.filter(|c| !c.is_power_of_two()) {
+            bail!("model.chunk must be a power of two, got {chunk}");
+        }
         Ok(())
+    }
+}
+
+/// The config name of an architecture (`mamba2`, ...).
+fn arch_name(arch: Arch) -> &'static str {
+    match arch {
+        Arch::Mamba2 => "mamba2",
+        Arch::PaperSynthetic => "paper_synthetic",
+        Arch::Transformer => "transformer",
     }
 }
 

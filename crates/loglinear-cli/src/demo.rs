@@ -42,7 +42,7 @@ pub fn run(out: &Path, overrides: &[String], device_name: &str) -> Result<()> {
     let pick = |mode: &str| {
         points
             .iter()
-            .find(|(_, c)| c.model.lambda.name() == mode)
+            .find(|(_, c)| c.model.lambda().name() == mode)
             .map(|(n, _)| runs.join(n))
     };
     let mut shown = Vec::new();

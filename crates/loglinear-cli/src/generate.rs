@@ -242,7 +242,7 @@ pub fn run(run_dir: &Path, opts: &GenerateOptions, device: &Device) -> Result<()
         opts.max_tokens,
         opts.sampling,
         opts.seed,
-        config.model.chunk,
+        config.model.chunk(),
         device,
         |t| {
             generated.push(t);

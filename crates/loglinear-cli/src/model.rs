@@ -1,14 +1,9 @@
 //! The networks a run can train, behind one type, and the masked next-token loss.
 
-use anyhow::{Result, bail};
 use burn::prelude::*;
-use loglinear::nn::{
-    cross_entropy_rows,
-    LambdaConfig, LmConfig, LogLinearLm, MixerConfig, SyntheticConfig, SyntheticLm,
-    TransformerConfig, TransformerLm,
-};
+use loglinear::nn::{cross_entropy_rows, LogLinearLm, SyntheticLm, TransformerLm};
 
-use crate::config::{Arch, ExperimentConfig};
+use crate::config::{ExperimentConfig, Network};
 use crate::tasks::IGNORE;
 
 /// A trainable network.
@@ -30,87 +25,21 @@ pub struct Forward {
     pub lambda: Vec<Tensor<4>>,
 }
 
-fn lambda_config(config: &ExperimentConfig) -> LambdaConfig {
-    LambdaConfig {
-        mode: config.model.lambda,
-        levels: config.levels(),
-        mlp_hidden: config.model.mlp_hidden,
-    }
-}
-
-fn mamba2_config(config: &ExperimentConfig) -> LmConfig {
-    let m = &config.model;
-    LmConfig {
-        vocab_size: config.task.vocab_size(),
-        n_layers: m.n_layers,
-        mixer: MixerConfig {
-            expand: m.expand,
-            head_dim: m.head_dim,
-            d_state: m.d_state,
-            n_groups: m.n_groups,
-            conv_kernel: m.conv_kernel,
-            lambda: lambda_config(config),
-            ..MixerConfig::new(m.d_model)
-        },
-        mlp_width: m.mlp_width,
-        tie_embeddings: m.tie_embeddings,
-        norm_eps: 1e-5,
-        initializer_range: m.initializer_range,
-        precision: m.precision,
-    }
-}
-
-fn synthetic_config(config: &ExperimentConfig) -> SyntheticConfig {
-    let m = &config.model;
-    SyntheticConfig {
-        vocab_size: config.task.vocab_size(),
-        d_model: m.d_model,
-        n_layers: m.n_layers,
-        heads: m.heads,
-        d_state: m.d_state,
-        head_dim: m.head_dim,
-        lambda: lambda_config(config),
-        initializer_range: m.initializer_range,
-        precision: m.precision,
-    }
-}
-
-fn transformer_config(config: &ExperimentConfig) -> TransformerConfig {
-    let m = &config.model;
-    TransformerConfig {
-        max_seq_len: config.max_seq_len(),
-        tie_embeddings: m.tie_embeddings,
-        mlp_width: m.mlp_width,
-        initializer_range: m.initializer_range,
-        precision: m.precision,
-        ..TransformerConfig::new(config.task.vocab_size(), m.d_model, m.n_layers, m.heads)
-    }
-}
-
-/// Checks the architecture-specific sizes of a run config.
-pub fn check_model_config(config: &ExperimentConfig) -> Result<()> {
-    let result = match config.model.arch {
-        Arch::Mamba2 => mamba2_config(config).validate(),
-        Arch::PaperSynthetic => synthetic_config(config).validate(),
-        Arch::Transformer => transformer_config(config).validate(),
-    };
-    match result {
-        Ok(()) => Ok(()),
-        Err(e) => bail!("model: {e}"),
-    }
-}
-
 impl Model {
     /// Builds the network of `config` with its init, drawn from `config.seed`.
+    ///
+    /// # Panics
+    /// If `config` was not validated ([`ExperimentConfig::validate`]: every config read from a
+    /// file is) and lacks a key its architecture requires.
     pub fn new(config: &ExperimentConfig, device: &Device) -> Self {
-        match config.model.arch {
-            Arch::Mamba2 => Model::Mamba2(mamba2_config(config).init(config.seed, device)),
-            Arch::PaperSynthetic => {
-                Model::PaperSynthetic(synthetic_config(config).init(config.seed, device))
-            }
-            Arch::Transformer => {
-                Model::Transformer(transformer_config(config).init(config.seed, device))
-            }
+        let network = config
+            .network()
+            .unwrap_or_else(|e| panic!("Model::new on a config that was not validated: {e:#}"));
+        let seed = config.seed;
+        match network {
+            Network::Mamba2(c) => Model::Mamba2(c.init(seed, device)),
+            Network::PaperSynthetic(c) => Model::PaperSynthetic(c.init(seed, device)),
+            Network::Transformer(c) => Model::Transformer(c.init(seed, device)),
         }
     }
 

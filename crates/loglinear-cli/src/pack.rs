@@ -24,7 +24,7 @@ use loglinear::nn::{PackedSyntheticLm, cross_entropy_rows};
 use serde_json::json;
 
 use crate::checkpoint::{self, TrainState};
-use crate::config::{Arch, ExperimentConfig};
+use crate::config::{ExperimentConfig, Network};
 use crate::model::Model;
 use crate::optim::{Adam, Hyper, ReplicaStep};
 use crate::tasks::{Example, IGNORE, batch, masked_accuracy};
@@ -46,12 +46,13 @@ pub struct PackRun {
 /// their batches (training and evaluation), the core-op form and the optimiser family. `None`
 /// for runs that train alone (language models, architectures other than `paper_synthetic`).
 pub fn pack_key(cfg: &ExperimentConfig) -> Option<String> {
-    let cfg = cfg.resolved();
-    if cfg.model.arch != Arch::PaperSynthetic || cfg.task.is_lm() {
+    let Ok(Network::PaperSynthetic(m)) = cfg.network() else {
+        return None;
+    };
+    if cfg.task.is_lm() {
         return None;
     }
-    let m = &cfg.model;
-    let layout = match m.lambda {
+    let layout = match m.lambda.mode {
         loglinear::nn::LambdaMode::Linear => "linear",
         loglinear::nn::LambdaMode::MlpSoftplus | loglinear::nn::LambdaMode::MlpSoftmax => "mlp",
         loglinear::nn::LambdaMode::Ones => "ones",
@@ -62,9 +63,9 @@ pub fn pack_key(cfg: &ExperimentConfig) -> Option<String> {
             "seq_len": cfg.task.seq_len(),
             "batch": cfg.train.batch_size,
             "optimizer": format!("{:?}", cfg.train.optimizer),
-            "model": [m.d_model, m.n_layers, m.heads, m.d_state, m.head_dim, m.mlp_hidden, cfg.levels(), m.chunk],
+            "model": [m.d_model, m.n_layers, m.heads, m.d_state, m.head_dim, m.lambda.mlp_hidden, m.lambda.levels],
             "lambda_layout": layout,
-            "form": format!("{:?}", m.form),
+            "form": format!("{:?}", cfg.model.form()),
             "precision": format!("{:?}", m.precision),
             "eval": [cfg.eval.examples, cfg.eval.batch_size],
             "test_seq_len": cfg.eval.test_seq_len,
@@ -123,7 +124,7 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
     let mut models = Vec::new();
     let mut optim_states = Vec::new();
     for run in runs {
-        let cfg = run.config.resolved();
+        let cfg = run.config.resolved()?;
         prepare_folder(&cfg, &run.out)?;
         let pool_key = json!({"task": &cfg.task, "seed": cfg.seed, "train": cfg.train.train_examples,
             "eval": [cfg.eval.examples, cfg.eval.seed_offset], "test": cfg.eval.test_seq_len})
@@ -180,7 +181,7 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
 
     let cfg0 = replicas[0].run.config.clone();
     let (b, t) = (cfg0.train.batch_size, cfg0.task.seq_len());
-    let form = cfg0.model.form_on(&device);
+    let form = cfg0.model.form();
     let total_steps = replicas.iter().map(|r| r.run.config.train.steps).max().unwrap_or(0);
     let bar = progress_bar(
         opts.progress,
@@ -443,7 +444,7 @@ fn evaluate_pack(
         })
         .collect::<Result<_>>()?;
     let cfg = &replicas[0].run.config;
-    let form = cfg.model.form_on(device);
+    let form = cfg.model.form();
     let examples = pools[0].len();
     if let Some(p) = pools.iter().find(|p| p.len() != examples) {
         bail!("evaluation pools of a pack differ in size ({} and {examples})", p.len());
@@ -497,7 +498,7 @@ fn evaluate_pack(
 /// state, activations), measured with a pack of two on `device`.
 pub fn measure_replica_bytes(cfg: &ExperimentConfig, device: &Device) -> Result<u64> {
     use rand::{Rng, SeedableRng};
-    let cfg = cfg.resolved();
+    let cfg = cfg.resolved()?;
     let ad = device.clone().autodiff();
     device.sync().ok();
     let before = device.memory_pool_usage().map_or(0, |u| u.bytes_reserved);
@@ -513,7 +514,7 @@ pub fn measure_replica_bytes(cfg: &ExperimentConfig, device: &Device) -> Result<
     let mut rng = rand::rngs::StdRng::seed_from_u64(0);
     let ids: Vec<i64> = (0..2 * b * t).map(|_| rng.random_range(0..v as i64)).collect();
     let tokens = Tensor::<3, Int>::from_data(TensorData::new(ids, [2, b, t]), &ad);
-    let logits = packed.run(tokens.clone(), cfg.model.form_on(&ad));
+    let logits = packed.run(tokens.clone(), cfg.model.form());
     let loss = replica_cross_entropy(logits, tokens, &[b * t, b * t]).sum();
     let grads = loss.backward();
     device.sync().ok();

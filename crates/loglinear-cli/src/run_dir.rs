@@ -207,6 +207,7 @@ pub fn open(
             create(out, &text)
         }
         // A creation killed between config.toml and run.json: the same bytes again lose nothing.
+        // (Only the same bytes: a config.toml of the same values may be the user's own file.)
         Contents::Other(names)
             if names == ["config.toml"]
                 && fs::read_to_string(out.join("config.toml")).is_ok_and(|t| t == text) =>
@@ -242,8 +243,10 @@ pub fn open(
             )
         }
         Contents::Run(id) => {
-            check_same_config(out, &text)?;
-            if id.config_fingerprint != fingerprint(&text) {
+            let written = check_same_config(out, &text)?;
+            // run.json fingerprints config.toml as it was written (by this version or an older
+            // one): a mismatch means the file was edited since.
+            if id.config_fingerprint != fingerprint(&written) {
                 bail!(
                     "{}: config.toml no longer matches the config {shown} was created with (edited by hand?); \
                      replace the run with --overwrite",
@@ -254,9 +257,9 @@ pub fn open(
             Ok(id)
         }
         Contents::LegacyRun => {
-            check_same_config(out, &text)?;
+            let written = check_same_config(out, &text)?;
             announce_resume(out)?;
-            let id = RunIdentity::new(&text, true);
+            let id = RunIdentity::new(&written, true);
             write_atomic(&out.join(IDENTITY_FILE), &serde_json::to_vec_pretty(&id)?)?;
             eprintln!(
                 "{shown} was written before run identities: resuming it as run {}",
@@ -342,18 +345,19 @@ fn remove_leftovers(out: &Path) {
     }
 }
 
-/// Errors naming the keys whose values differ between the run's `config.toml` and `now`.
-fn check_same_config(out: &Path, now: &str) -> Result<()> {
+/// Errors naming the keys whose values differ between the run's `config.toml` and `now`;
+/// returns the text of `config.toml`.
+fn check_same_config(out: &Path, now: &str) -> Result<String> {
     let path = out.join("config.toml");
     let before = fs::read_to_string(&path)
         .with_context(|| format!("cannot read {} to compare configs", path.display()))?;
     if before == now {
-        return Ok(());
+        return Ok(before);
     }
-    let diff = config_diff(&before, now)?;
+    let diff = config_diff(&normalised(&before), &normalised(now))?;
     if diff.is_empty() {
         // Same values, other text (e.g. an older serialisation): the same config.
-        return Ok(());
+        return Ok(before);
     }
     const SHOWN: usize = 6;
     let mut parts: Vec<String> = diff
@@ -370,6 +374,18 @@ fn check_same_config(out: &Path, now: &str) -> Result<()> {
         out.display(),
         parts.join(", ")
     )
+}
+
+/// A run's config text in today's resolved form ([`ExperimentConfig::resolved`]), so that texts
+/// compare by the run they describe: one written by an older version states keys its
+/// architecture ignores (dropped here) and leaves out values it took by default (written out
+/// here). A text that does not read as a config stays as it is.
+fn normalised(text: &str) -> String {
+    toml::from_str::<ExperimentConfig>(text)
+        .ok()
+        .and_then(|c| c.resolved().ok())
+        .and_then(|c| toml::to_string_pretty(&c).ok())
+        .unwrap_or_else(|| text.to_string())
 }
 
 /// Dotted key → (value in `a`, value in `b`) for every key whose values differ ("-" = absent).

@@ -300,19 +300,22 @@ fn run_children(packs: Vec<Vec<Todo>>, total: usize, device: &str, jobs: usize) 
     Ok(())
 }
 
-/// Whether `dir` holds a finished run of exactly `config`.
-fn is_finished(dir: &Path, config: &ExperimentConfig) -> Result<bool> {
+/// Whether `dir` holds a finished run of exactly `config` (whose values its `config.toml`
+/// states, in today's form or in that of an older version).
+pub fn is_finished(dir: &Path, config: &ExperimentConfig) -> Result<bool> {
     let (summary, cfg) = (dir.join("summary.json"), dir.join("config.toml"));
     if !summary.exists() || !cfg.exists() {
         return Ok(false);
     }
     let previous: ExperimentConfig = toml::from_str(&fs::read_to_string(&cfg)?)
         .with_context(|| format!("cannot read {}", cfg.display()))?;
-    // The run name carries the sweep prefix; everything else must match.
-    let config = config.resolved();
+    // Both resolved: a run folder written before the library configs owned the defaults states
+    // keys its architecture ignores, which resolving drops. The run name carries the sweep
+    // prefix; everything else must match.
+    let config = config.resolved()?;
     Ok(ExperimentConfig {
         name: config.name.clone(),
-        ..previous
+        ..previous.resolved()?
     } == config)
 }
 

@@ -233,7 +233,7 @@ impl Accumulator {
         inputs: Tensor<2, Int>,
         targets: Tensor<2, Int>,
     ) {
-        let form = cfg.model.form_on(&inputs.device());
+        let form = cfg.model.form();
         let logits = model.forward(inputs, form, false).logits;
         let predictions: Vec<u32> = logits
             .clone()
@@ -430,7 +430,7 @@ pub(crate) fn truncate_metrics(path: &Path, step: usize) -> Result<()> {
 /// Trains one run to the end (or early stop), resuming if asked; returns its summary.
 pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
     let started = Instant::now();
-    let cfg = &cfg.resolved();
+    let cfg = &cfg.resolved()?;
     let out = &opts.out;
     // The data first, so that a run which cannot start leaves no folder behind; then the run
     // folder: new, resumed or replaced, never mixed with another run (run_dir).
@@ -456,7 +456,7 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
     }
 
     let bar = progress_bar(opts.progress, t.steps, state.step, &cfg.name);
-    let form = cfg.model.form_on(&device);
+    let form = cfg.model.form();
     let tokens_per_step = (t.batch_size * cfg.task.seq_len()) as f64;
     let mut last = (f64::NAN, f64::NAN);
     let mut window = Instant::now();

@@ -79,7 +79,7 @@ pub fn trace_run(run_dir: &Path, samples: usize, device: &Device) -> Result<Lamb
             batch_tensors(&pool, &indices, device).0
         }
     };
-    let out = model.forward(inputs, config.model.form_on(device), true);
+    let out = model.forward(inputs, config.model.form(), true);
     let dims = out
         .lambda
         .first()
@@ -152,7 +152,7 @@ pub fn visualise_run(
     write_csv(&trace, &csv)?;
     written.push(csv);
     let [b, t, h, l] = trace.dims;
-    let mode = trace.config.model.lambda;
+    let mode = trace.config.model.lambda();
     let task = trace.config.task.name();
     for layer in 0..trace.layers.len() {
         for head in 0..h {
@@ -323,7 +323,7 @@ pub fn compare_runs(
     let label = |tr: &LambdaTrace, r: &Path| {
         format!(
             "{} ({})",
-            tr.config.model.lambda,
+            tr.config.model.lambda(),
             r.file_name().and_then(|n| n.to_str()).unwrap_or("")
         )
     };

@@ -179,7 +179,7 @@ fn overrides_and_sweeps_expand_to_typed_configs() {
     .unwrap();
     let c = file.config().unwrap();
     assert_eq!(c.train.lr, 0.01);
-    assert_eq!(c.model.lambda.name(), "linear");
+    assert_eq!(c.model.lambda().name(), "linear");
     let text = format!(
         "{TINY}\n[sweep]\n\"model.lambda\" = [\"linear\", \"mlp_softplus\", \"mlp_softmax\"]\nseed = [0, 1]\n"
     );
@@ -194,36 +194,102 @@ fn overrides_and_sweeps_expand_to_typed_configs() {
     assert_eq!(pinned.expand().unwrap().len(), 3);
 }
 
-/// `model.form` defaults to `auto`, which is the chunked form with `model.chunk` wherever the
-/// fused kernels would not run on tensor cores — on the CPU always, bf16 or not — and the named
-/// forms map to themselves.
+/// `model.form` defaults to `auto`, which is the library's `Form::Auto` with `model.chunk` (the
+/// library then picks the chunked form wherever the fused kernels would not run on tensor cores,
+/// tested in the library's tests/forms.rs), and the named forms map to themselves.
 #[test]
-fn the_default_form_is_auto_and_chunked_on_the_cpu() {
+fn the_default_form_is_auto_with_the_chunk() {
     use loglinear::ops::Form;
-    use loglinear_cli::config::FormName;
-    let cpu = burn::prelude::Device::flex();
     let no_form = TINY.replace("form = \"chunked\"\n", "");
     let c = ConfigFile::parse(&no_form, &[]).unwrap().config().unwrap();
-    assert_eq!(c.model.form, FormName::Auto);
-    assert_eq!(c.model.form_on(&cpu), Form::Chunked { chunk: 4 });
-    let bf16 = ConfigFile::parse(&no_form, &["model.precision=bf16".into()])
-        .unwrap()
-        .config()
-        .unwrap();
-    assert_eq!(bf16.model.form_on(&cpu), Form::Chunked { chunk: 4 });
+    assert_eq!(c.model.form(), Form::Auto { chunk: 4 });
     for (name, form) in [
         ("fused", Form::Fused),
         ("chunked", Form::Chunked { chunk: 4 }),
         ("parallel", Form::Parallel),
         ("recurrent", Form::Recurrent),
-        ("auto", Form::Chunked { chunk: 4 }),
+        ("auto", Form::Auto { chunk: 4 }),
     ] {
         let c = ConfigFile::parse(&no_form, &[format!("model.form={name}")])
             .unwrap()
             .config()
             .unwrap();
-        assert_eq!(c.model.form_on(&cpu), form, "{name}");
+        assert_eq!(c.model.form(), form, "{name}");
     }
+    // Without a chunk: the library's usual one.
+    let c = ConfigFile::parse(&no_form.replace("chunk = 4\n", ""), &[])
+        .unwrap()
+        .config()
+        .unwrap();
+    assert_eq!(
+        c.model.form(),
+        Form::Auto {
+            chunk: loglinear::ops::DEFAULT_CHUNK
+        }
+    );
+}
+
+/// The keys a `[model]` table leaves out take the defaults of the architecture's library config
+/// (one source of them), and the resolved config writes them out.
+#[test]
+fn absent_model_keys_take_the_library_defaults() {
+    use loglinear::nn::{LambdaConfig, LmConfig, MixerConfig, SyntheticConfig, TransformerConfig};
+    use loglinear_cli::config::Network;
+    let with_model = |model: &str| {
+        let (head, rest) = TINY.split_once("[model]").unwrap();
+        let (_, tail) = rest.split_once("[train]").unwrap();
+        let text = format!("{head}[model]\n{model}\n[train]{tail}");
+        ConfigFile::parse(&text, &[]).unwrap().config().unwrap()
+    };
+    // T = 16 needs 5 levels, the run's own default; every other value is the library's.
+    let lambda = LambdaConfig::new().with_levels(5);
+    let c = with_model("");
+    assert_eq!(
+        c.network().unwrap(),
+        Network::PaperSynthetic(SyntheticConfig::new(64, lambda.clone()))
+    );
+    let m = c.resolved().unwrap().model;
+    let paper = SyntheticConfig::new(64, lambda.clone());
+    assert_eq!(
+        (m.d_model, m.heads, m.d_state, m.head_dim, m.mlp_hidden),
+        (
+            Some(paper.d_model),
+            Some(paper.heads),
+            Some(paper.d_state),
+            Some(paper.head_dim),
+            Some(paper.lambda.mlp_hidden)
+        )
+    );
+
+    let c = with_model("arch = \"mamba2\"\nd_model = 32\nn_layers = 2");
+    let mixer = MixerConfig::new(32).with_lambda(lambda.clone());
+    assert_eq!(
+        c.network().unwrap(),
+        Network::Mamba2(LmConfig::new(64, 2, mixer.clone()))
+    );
+    let m = c.resolved().unwrap().model;
+    assert_eq!(
+        (m.expand, m.d_state, m.head_dim, m.n_groups, m.conv_kernel),
+        (
+            Some(mixer.expand),
+            Some(mixer.d_state),
+            Some(mixer.head_dim),
+            Some(mixer.n_groups),
+            Some(mixer.conv_kernel)
+        )
+    );
+    assert_eq!(m.mlp_width, Some(LmConfig::new(64, 2, mixer).mlp_width()));
+
+    let c = with_model("arch = \"transformer\"\nd_model = 32\nn_layers = 2\nheads = 4");
+    let gpt2 = TransformerConfig::new(64, 32, 2, 4).with_max_seq_len(16);
+    assert_eq!(c.network().unwrap(), Network::Transformer(gpt2.clone()));
+    let m = c.resolved().unwrap().model;
+    assert_eq!(m.tie_embeddings, Some(gpt2.tie_embeddings));
+    assert_eq!(m.mlp_width, Some(gpt2.mlp_width()));
+    assert_eq!(
+        (m.lambda, m.levels, m.form, m.chunk),
+        (None, None, None, None)
+    );
 }
 
 /// A run killed with SIGKILL and resumed continues from its last checkpoint and ends with
@@ -453,6 +519,127 @@ fn every_shipped_config_is_valid() {
         }
     }
     assert!(seen >= 6, "only {seen} configs found");
+}
+
+/// Run folders written before the library configs owned the model defaults (their `config.toml`
+/// as commit 7e2a445 wrote it, in tests/fixtures/resolved-7e2a445/, one per shipped config) are
+/// the same runs as today's configs: they build the same library configs, `sweep` counts them as
+/// finished and `train --resume` continues them; a config that really differs is still refused.
+#[test]
+fn run_folders_from_before_one_config_tree_are_the_same_runs() {
+    use loglinear::nn::LambdaMode;
+    use loglinear_cli::config::{Arch, ExperimentConfig};
+    use loglinear_cli::run_dir::{self, RunIdentity, fingerprint};
+    use loglinear_cli::sweep::is_finished;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let fixtures = root.join("tests/fixtures/resolved-7e2a445");
+    let tmp = tempfile::tempdir().unwrap();
+    let mut seen = Vec::new();
+    for entry in fs::read_dir(&fixtures).unwrap() {
+        let fixture = entry.unwrap().path();
+        if fixture.extension().is_none_or(|e| e != "toml") {
+            continue;
+        }
+        let name = fixture.file_name().unwrap().to_str().unwrap().to_string();
+        // `cpu_x.toml` stands for experiments/cpu/x.toml.
+        let shipped = match name.strip_prefix("cpu_") {
+            Some(rest) => root.join("../../experiments/cpu").join(rest),
+            None => root.join("../../experiments").join(&name),
+        };
+        let written = fs::read_to_string(&fixture).unwrap();
+        let now = ConfigFile::load(&shipped, &[]).unwrap().config().unwrap();
+        let old: ExperimentConfig = toml::from_str(&written).unwrap();
+        assert_eq!(
+            old.network().unwrap(),
+            now.network().unwrap(),
+            "{name}: the model"
+        );
+        assert_eq!(
+            old.resolved().unwrap(),
+            now.resolved().unwrap(),
+            "{name}: resolved"
+        );
+        // Today's resolved config states the same values, less the keys the architecture
+        // ignores, plus the MLP width the language models took by their rule.
+        let ignored: &[&str] = match now.model.arch {
+            Arch::PaperSynthetic => &["expand", "n_groups", "conv_kernel", "tie_embeddings"],
+            Arch::Mamba2 => &["heads"],
+            Arch::Transformer => &[
+                "lambda",
+                "levels",
+                "mlp_hidden",
+                "head_dim",
+                "d_state",
+                "expand",
+                "n_groups",
+                "conv_kernel",
+                "form",
+                "chunk",
+            ],
+        };
+        let text = toml::to_string_pretty(&now.resolved().unwrap()).unwrap();
+        for (key, (before, after)) in run_dir::config_diff(&written, &text).unwrap() {
+            let dropped = after == "-" && ignored.iter().any(|k| key == format!("model.{k}"));
+            let added =
+                before == "-" && key == "model.mlp_width" && now.model.arch != Arch::PaperSynthetic;
+            assert!(dropped || added, "{name}: {key} was {before}, is {after}");
+        }
+
+        // A finished run folder of that config, with the identity the old version gave it.
+        let dir = tmp.path().join(&name);
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("config.toml"), &written).unwrap();
+        fs::write(dir.join("summary.json"), "{}").unwrap();
+        let id = RunIdentity {
+            run_id: "00000000c0ffee00".into(),
+            config_fingerprint: fingerprint(&written),
+            adopted: false,
+        };
+        fs::write(dir.join("run.json"), serde_json::to_vec(&id).unwrap()).unwrap();
+        assert!(
+            is_finished(&dir, &now).unwrap(),
+            "{name}: not finished for sweep"
+        );
+        let resolved = now.resolved().unwrap();
+        let resumed = run_dir::open(&dir, &resolved, true, false)
+            .unwrap_or_else(|e| panic!("{name}: --resume refused: {e:#}"));
+        assert_eq!(resumed, id, "{name}: resumed as another run");
+        assert_eq!(
+            fs::read_to_string(dir.join("config.toml")).unwrap(),
+            written
+        );
+
+        // Another config is not that run: sweep redoes it, --resume names the key.
+        let mut other = resolved.clone();
+        other.model.lambda = Some(match other.model.lambda() {
+            LambdaMode::Ones => LambdaMode::Linear,
+            _ => LambdaMode::Ones,
+        });
+        if other.model.arch == Arch::Transformer {
+            other.model.tie_embeddings = other.model.tie_embeddings.map(|t| !t);
+        }
+        assert!(
+            !is_finished(&dir, &other).unwrap(),
+            "{name}: finished for another config"
+        );
+        let err = run_dir::open(&dir, &other.resolved().unwrap(), true, false).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("different config"),
+            "{name}: {err:#}"
+        );
+        seen.push(name);
+    }
+    for kind in [
+        "mqar_tiny.toml",
+        "lm_tiny.toml",
+        "lm_cpu_transformer.toml",
+        "lm_wikitext103_d256.toml",
+    ] {
+        assert!(
+            seen.iter().any(|n| n == kind),
+            "no fixture {kind}: {seen:?}"
+        );
+    }
 }
 
 /// `model.precision = "bf16"` trains (bf16 activations, f32 master weights) and its losses stay

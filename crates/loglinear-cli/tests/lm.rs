@@ -3,7 +3,7 @@
 
 use burn::prelude::*;
 use burn::tensor::TensorData;
-use loglinear::nn::{LambdaMode, LmConfig, TransformerConfig};
+use loglinear::nn::{LambdaMode, LmConfig, MixerConfig, TransformerConfig};
 use loglinear::ops::Form;
 use loglinear_cli::generate::{self, Sampling};
 use loglinear_cli::model::{Model, masked_cross_entropy};
@@ -68,7 +68,7 @@ fn token_weighted_and_batch_mean_perplexity() {
 }
 
 fn tiny_models() -> Vec<(&'static str, Model)> {
-    let mut config = LmConfig::new(97, 32, 2);
+    let mut config = LmConfig::new(97, 2, MixerConfig::new(32));
     config.mixer.head_dim = 16;
     config.mixer.d_state = 8;
     config.mixer.lambda.mode = LambdaMode::MlpSoftplus;

@@ -239,7 +239,7 @@ fn an_array_override_narrows_a_swept_key() {
     .unwrap();
     let points = narrowed.expand().unwrap();
     assert_eq!(points.len(), 3 * 2 * 2);
-    assert!(points.iter().all(|(_, c)| c.model.lambda.name() == "mlp_softmax"));
+    assert!(points.iter().all(|(_, c)| c.model.lambda().name() == "mlp_softmax"));
     let seeds: std::collections::BTreeSet<u64> = points.iter().map(|(_, c)| c.seed).collect();
     assert_eq!(seeds.into_iter().collect::<Vec<_>>(), vec![3, 4, 5]);
     let pinned = ConfigFile::parse(SWEEP, &["seed=7".into()]).unwrap();

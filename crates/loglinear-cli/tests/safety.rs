@@ -402,7 +402,6 @@ fn every_harmful_value_is_rejected_with_its_key() {
         ("model.head_dim=0", "model.head_dim"),
         ("model.d_state=0", "model.d_state"),
         ("model.mlp_hidden=0", "model.mlp_hidden"),
-        ("model.mlp_width=0", "model.mlp_width"),
         ("model.levels=0", "model.levels"),
         ("model.initializer_range=0", "model.initializer_range"),
         ("model.chunk=6", "model.chunk"),
@@ -417,8 +416,67 @@ fn every_harmful_value_is_rejected_with_its_key() {
         let msg = format!("{err:#}");
         assert!(msg.starts_with(key), "{set}: {msg}");
     }
-    // min_lr above lr breaks only the cosine schedule.
     let set = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    // The MLP width of the language models: refused where the architecture reads it; the
+    // synthetic-task model has no such MLP and ignores the key.
+    for arch in ["mamba2", "transformer"] {
+        let err = ConfigFile::parse(
+            TINY,
+            &set(&[
+                &format!("model.arch={arch}"),
+                "model.heads=2",
+                "model.mlp_width=0",
+            ]),
+        )
+        .unwrap()
+        .config()
+        .expect_err(arch);
+        assert!(
+            format!("{err:#}").starts_with("model.mlp_width"),
+            "{arch}: {err:#}"
+        );
+    }
+    ConfigFile::parse(TINY, &set(&["model.mlp_width=0"]))
+        .unwrap()
+        .config()
+        .unwrap();
+    // A language model has no default width: the key is required, and named.
+    let err = ConfigFile::parse(
+        &TINY.replace("d_model = 16\n", ""),
+        &set(&["model.arch=mamba2"]),
+    )
+    .unwrap()
+    .config()
+    .unwrap_err();
+    assert!(
+        format!("{err:#}").starts_with("model.d_model is required for arch = \"mamba2\""),
+        "{err:#}"
+    );
+    // Sizes that do not fit together: the library's check, under the key it names.
+    for (sets, expected) in [
+        (
+            &["model.arch=mamba2", "model.head_dim=12"][..],
+            "model.head_dim (12) must divide d_inner = expand·d_model = 32",
+        ),
+        (
+            &["model.arch=mamba2", "model.n_groups=3"][..],
+            "model.n_groups (3) must divide the heads",
+        ),
+        (
+            &["model.arch=transformer", "model.heads=3"][..],
+            "model.heads (3) must divide d_model = 16",
+        ),
+    ] {
+        let err = ConfigFile::parse(TINY, &set(sets))
+            .unwrap()
+            .config()
+            .unwrap_err();
+        assert!(
+            format!("{err:#}").starts_with(expected),
+            "{sets:?}: {err:#}"
+        );
+    }
+    // min_lr above lr breaks only the cosine schedule.
     let err = ConfigFile::parse(TINY, &set(&["train.schedule=cosine", "train.min_lr=0.01"]))
         .unwrap()
         .config()
@@ -549,6 +607,7 @@ arch = "mamba2"
 lambda = "mlp_softplus"
 d_model = 16
 n_layers = 1
+expand = 1
 head_dim = 8
 d_state = 8
 tie_embeddings = true

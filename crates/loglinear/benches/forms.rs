@@ -38,8 +38,9 @@ fn max_len(form: Form, backward: bool) -> usize {
         // differentiating: dominated by per-op overhead, and it only gets slower linearly.
         Form::Recurrent if backward => 256,
         Form::Recurrent => 1024,
-        // On the CPU the fused form is the chunked form (the kernels need a CubeCL device).
-        Form::Chunked { .. } | Form::Fused => usize::MAX,
+        // On the CPU the fused and auto forms are the chunked form (the kernels need a CubeCL
+        // device).
+        Form::Chunked { .. } | Form::Fused | Form::Auto { .. } => usize::MAX,
     }
 }
 
@@ -98,6 +99,7 @@ fn forms(c: &mut Criterion) {
                     Form::Chunked { .. } => "chunked64",
                     Form::Recurrent => "recurrent",
                     Form::Fused => "fused",
+                    Form::Auto { .. } => "auto",
                 };
                 group.bench_with_input(BenchmarkId::new(name, t), &x, |bench, x| {
                     if backward {

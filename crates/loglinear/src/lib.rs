@@ -33,11 +33,11 @@
 //! ```
 //! use burn::prelude::*;
 //! use burn::tensor::TensorData;
-//! use loglinear::nn::{LambdaMode, LmConfig};
+//! use loglinear::nn::{LambdaMode, LmConfig, MixerConfig};
 //! use loglinear::ops::Form;
 //!
 //! let device = Device::flex();
-//! let mut config = LmConfig::new(100, 32, 2); // vocab, d_model, layers
+//! let mut config = LmConfig::new(100, 2, MixerConfig::new(32)); // vocab, layers, mixer of width 32
 //! config.mixer.head_dim = 16;
 //! config.mixer.d_state = 8;
 //! config.mixer.lambda.mode = LambdaMode::MlpSoftplus;

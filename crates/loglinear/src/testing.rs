@@ -76,8 +76,10 @@ pub fn run_with_grads(
     initial: Option<&FenwickState>,
 ) -> FormResult {
     let x = x.require_grad();
-    // The fused kernels return no state (asking for one selects the chunked fallback).
-    let out = log_linear_attn(&x, form, initial, form != Form::Fused);
+    // The fused kernels return no state (asking for one selects the chunked fallback, and makes
+    // the auto form choose the chunked form).
+    let keeps_state = !matches!(form, Form::Fused | Form::Auto { .. });
+    let out = log_linear_attn(&x, form, initial, keeps_state);
     let loss = (out.o.clone() * d_o.clone()).sum();
     let grads = loss.backward();
     // An input that does not reach the output (g when T = 1 and L = 1) has no gradient entry:

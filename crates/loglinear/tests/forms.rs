@@ -124,6 +124,69 @@ fn fused_entry_point_matches_parallel_f64_on_the_cpu() {
     check_form(&x, Form::Fused, 1e-11, 1e-10, seed);
 }
 
+/// `Form::Auto` on the CPU is the chunked form with its chunk, bit for bit, in f32 and in bf16 (the
+/// inputs under which it would pick the fused kernels on tensor cores), with and without a state.
+#[test]
+fn auto_is_the_chunked_form_on_the_cpu_bit_for_bit() {
+    let seed = test_seed(202);
+    let x32 = LogLinearInput::random(dims(2, 70, 2, 16, 8), seed, DType::F32, &dev());
+    let x16 = HostInput::from_input(&x32).to_input(DType::BF16, &dev());
+    for x in [x32, x16] {
+        let d_o = random_cotangent(&x, seed ^ 5);
+        let chunked = run_with_grads(&x, &d_o, Form::Chunked { chunk: 16 }, None);
+        let auto = run_with_grads(&x, &d_o, Form::Auto { chunk: 16 }, None);
+        let ctx = format!("{:?}", x.dtype());
+        assert_eq!(auto.o, chunked.o, "{ctx} o");
+        for ((name, a), (_, c)) in auto.grads.iter().zip(&chunked.grads) {
+            assert_eq!(a, c, "{ctx} {name}");
+        }
+        // Continuing from a state and returning one: the state is the chunked form's too.
+        let first = log_linear_attn(&x.narrow(0, 33), Form::Chunked { chunk: 16 }, None, true);
+        let state = first.state.unwrap();
+        let rest = x.narrow(33, 37);
+        let by_auto = log_linear_attn(&rest, Form::Auto { chunk: 16 }, Some(&state), true);
+        let by_chunked = log_linear_attn(&rest, Form::Chunked { chunk: 16 }, Some(&state), true);
+        assert_eq!(
+            to_f64(&by_auto.o),
+            to_f64(&by_chunked.o),
+            "{ctx} o after a state"
+        );
+        assert_eq!(
+            to_f64(&by_auto.state.unwrap().levels),
+            to_f64(&by_chunked.state.unwrap().levels),
+            "{ctx} final state"
+        );
+    }
+}
+
+/// The choice `Form::Auto` makes: the fused kernels only when every condition of the tensor-core
+/// path holds (bf16 `q`, key width a multiple of 16, bf16 `cmma` on the device, no state), the
+/// chunked form with the configured chunk when any one fails.
+#[test]
+fn auto_chooses_fused_only_on_tensor_cores() {
+    use loglinear::ops::auto_form;
+    let chunked = Form::Chunked { chunk: 32 };
+    // (dtype, key width, device has bf16 cmma, state in or out) → form
+    let cases = [
+        ((DType::BF16, 64, true, false), Form::Fused),
+        ((DType::BF16, 16, true, false), Form::Fused),
+        ((DType::F32, 64, true, false), chunked),
+        ((DType::F16, 64, true, false), chunked),
+        ((DType::F64, 64, true, false), chunked),
+        ((DType::BF16, 24, true, false), chunked),
+        ((DType::BF16, 8, true, false), chunked),
+        ((DType::BF16, 64, false, false), chunked),
+        ((DType::BF16, 64, true, true), chunked),
+    ];
+    for ((dtype, n, cmma, state), want) in cases {
+        assert_eq!(
+            auto_form(32, dtype, n, cmma, state),
+            want,
+            "{dtype:?}, n = {n}, bf16 cmma {cmma}, state {state}"
+        );
+    }
+}
+
 #[test]
 fn recurrent_matches_parallel_f64() {
     for (i, (b, t, h, n, p)) in [

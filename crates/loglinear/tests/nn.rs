@@ -215,7 +215,7 @@ fn tiny_lm(mode: LambdaMode, levels: usize) -> LmConfig {
             ..MixerConfig::new(32)
         },
         initializer_range: 0.2,
-        ..LmConfig::new(50, 32, 2)
+        ..LmConfig::new(50, 2, MixerConfig::new(32))
     }
 }
 
@@ -372,7 +372,7 @@ fn oracle_o9_lambda_mlp() {
 #[test]
 fn parameter_counts_match_the_spec() {
     for (d, heads, expected) in [(256, 4, 30_962_352usize), (512, 8, 71_550_816)] {
-        let mut cfg = LmConfig::new(50257, d, 6);
+        let mut cfg = LmConfig::new(50257, 6, MixerConfig::new(d));
         cfg.mixer.expand = 1;
         assert_eq!(cfg.mixer.heads(), heads);
         assert_eq!(cfg.mlp_width(), if d == 256 { 768 } else { 1536 });
@@ -801,4 +801,37 @@ fn lambda_mlp_dl_a_log_and_dt_bias_get_finite_difference_gradients() {
     );
     let syn = perturbed(syn, 12, 0.3);
     check_grads("synthetic", &syn, &syn_loss, &syn_checked, &[]);
+}
+
+/// `validate` names the field that is out of range by its path in the config, so that a caller
+/// reading configs from files of its own can report it under its own key.
+#[test]
+fn validate_names_the_field_by_its_path() {
+    use loglinear::nn::{SyntheticConfig, TransformerConfig};
+    let lm = LmConfig::new(50, 2, MixerConfig::new(32));
+    assert_eq!(lm.validate(), Ok(()));
+    let field = |c: &LmConfig| c.validate().unwrap_err().field;
+    let mut c = lm.clone();
+    c.mixer.lambda.levels = 0;
+    assert_eq!(field(&c), "mixer.lambda.levels");
+    let mut c = lm.clone();
+    c.mixer.d_state = 0;
+    assert_eq!(field(&c), "mixer.d_state");
+    let mut c = lm.clone();
+    c.mixer.head_dim = 48; // does not divide d_inner = 2·32
+    let err = c.validate().unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "mixer.head_dim (48) must divide d_inner = expand·d_model = 64"
+    );
+    let mut c = lm;
+    c.initializer_range = f64::NAN;
+    assert_eq!(field(&c), "initializer_range");
+
+    let mut s = SyntheticConfig::new(10, LambdaConfig::new());
+    assert_eq!(s.validate(), Ok(()));
+    s.lambda.mlp_hidden = 0;
+    assert_eq!(s.validate().unwrap_err().field, "lambda.mlp_hidden");
+    let t = TransformerConfig::new(10, 32, 2, 3);
+    assert_eq!(t.validate().unwrap_err().field, "n_heads");
 }

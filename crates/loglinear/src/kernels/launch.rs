@@ -431,8 +431,8 @@ pub fn backward(
 }
 
 /// The tensor-core forward's tiles for `q: [B, T, H, nk]` and values `width` wide, when it can
-/// run: bf16 inputs, `nk` a multiple of 16, the device's `cmma` taking 16×16×16 tiles
-/// of that dtype with f32 accumulation, and the buffers fitting its shared memory. The chunk is
+/// run: [`crate::ops::on_tensor_cores`] (bf16 inputs, `nk` a multiple of 16, a device whose
+/// `cmma` takes bf16 tiles) and the buffers fitting its shared memory. The chunk is
 /// `LOGLINEAR_TC_CHUNK` (32 or 64; default 64: the level states are read and merged once per
 /// chunk, so longer chunks halve that traffic); `LOGLINEAR_FUSED_TC=0` turns the path off.
 fn plan_tensor_core(
@@ -464,23 +464,15 @@ fn plan_tensor_core_backward(
     })
 }
 
-/// Whether the tensor-core kernels can run on `device` for `dtype` inputs with key width `nk`:
-/// bf16, `nk` a multiple of 16, a device whose `cmma` takes 16×16×16 bf16 tiles with f32
-/// accumulation, and `LOGLINEAR_FUSED_TC` not `0`. (Their tiles must also fit its shared memory,
-/// which every width of the anchors' shapes does.)
-pub fn tensor_cores_available(device: &CubeDevice, dtype: DType, nk: usize) -> bool {
-    cmma_takes_bf16_tiles(device.client().properties(), dtype, nk)
+/// Whether `device`'s `cmma` takes 16×16×16 bf16 tiles with f32 accumulation and
+/// `LOGLINEAR_FUSED_TC` is not `0`: the device's half of [`crate::ops::on_tensor_cores`].
+pub fn bf16_cmma(device: &CubeDevice) -> bool {
+    props_bf16_cmma(device.client().properties())
 }
 
-/// [`tensor_cores_available`] from a device's properties (a launch has them at hand).
-fn cmma_takes_bf16_tiles(props: &cubecl::ir::DeviceProperties, dtype: DType, nk: usize) -> bool {
+/// [`bf16_cmma`] from a device's properties (a launch has them at hand).
+fn props_bf16_cmma(props: &cubecl::ir::DeviceProperties) -> bool {
     if matches!(std::env::var("LOGLINEAR_FUSED_TC").as_deref(), Ok("0")) {
-        return false;
-    }
-    // bf16 only: the level states and weighted operands are rounded to the input dtype, and
-    // f16's range (65,504) does not hold a state summed over a long sequence; f16 inputs take
-    // the scalar kernels, which compute in f32.
-    if dtype != DType::BF16 || !nk.is_multiple_of(TILE) {
         return false;
     }
     let elem = ElemType::Float(FloatKind::BF16);
@@ -506,7 +498,8 @@ fn plan_tc(
     shared: impl Fn(usize, usize) -> usize,
 ) -> Option<Plan> {
     let props = q.client.properties();
-    if !cmma_takes_bf16_tiles(props, q.dtype, nk) {
+    // The same condition as `Form::Auto`'s choice of the fused form.
+    if !crate::ops::on_tensor_cores(q.dtype, nk, props_bf16_cmma(props)) {
         return None;
     }
     let first = std::env::var("LOGLINEAR_TC_CHUNK")

@@ -392,11 +392,12 @@ pub fn is_cube_device(device: &Device) -> bool {
     )
 }
 
-/// Whether the fused op runs on tensor cores on `device` for `dtype` inputs with key width `n`
-/// ([`launch::tensor_cores_available`]); false on devices without CubeCL kernels.
-pub fn runs_on_tensor_cores(device: &Device, dtype: DType, n: usize) -> bool {
+/// Whether `device` runs the fused kernels with bf16 tensor cores ([`launch::bf16_cmma`]);
+/// false on devices without CubeCL kernels. [`crate::ops::on_tensor_cores`] adds the inputs'
+/// half of the condition.
+pub fn bf16_cmma(device: &Device) -> bool {
     match device.clone().inner().as_dispatch() {
-        DispatchDevice::Cube(cube) => launch::tensor_cores_available(cube, dtype, n),
+        DispatchDevice::Cube(cube) => launch::bf16_cmma(cube),
         #[allow(unreachable_patterns)]
         _ => false,
     }

@@ -31,7 +31,7 @@ use super::cube::{
 };
 
 /// Edge of one tensor-core tile.
-pub const TILE: usize = 16;
+pub const TILE: usize = crate::ops::TENSOR_CORE_TILE;
 /// Planes (warps of 32 lanes) per cube.
 pub const PLANES: usize = THREADS / 32;
 /// Byte alignment of the shared buffers that tiles are loaded from or stored to.

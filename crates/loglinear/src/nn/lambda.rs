@@ -6,6 +6,7 @@ use burn::prelude::*;
 use burn::tensor::activation::{gelu, softmax, softplus};
 use serde::{Deserialize, Serialize};
 
+use super::check::{ConfigError, positive};
 use super::init::{Init, to_dtype, wide};
 
 /// How λ is computed from the `dl` projection of a token (`[H, L]` per token).
@@ -72,34 +73,23 @@ impl std::str::FromStr for LambdaMode {
 pub const SOFTPLUS_INIT_BIAS: f64 = 0.54;
 
 /// λ configuration.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Config, Debug, PartialEq)]
 pub struct LambdaConfig {
     /// How λ is computed.
-    #[serde(default)]
+    #[config(default = "LambdaMode::Linear")]
     pub mode: LambdaMode,
     /// λ slots per head, `L`: sequences up to `2^(L−1)` tokens. 15 in the released models.
-    #[serde(default = "default_levels")]
+    #[config(default = 15)]
     pub levels: usize,
     /// Hidden width of the λ-MLP (64 in the paper).
-    #[serde(default = "default_hidden")]
+    #[config(default = 64)]
     pub mlp_hidden: usize,
 }
 
-fn default_levels() -> usize {
-    15
-}
-fn default_hidden() -> usize {
-    64
-}
-
-impl Default for LambdaConfig {
-    fn default() -> Self {
-        Self {
-            mode: LambdaMode::default(),
-            levels: default_levels(),
-            mlp_hidden: default_hidden(),
-        }
+impl LambdaConfig {
+    /// Checks the sizes, naming the field that is out of range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        positive(&[("levels", self.levels), ("mlp_hidden", self.mlp_hidden)])
     }
 }
 

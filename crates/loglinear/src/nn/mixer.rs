@@ -4,97 +4,52 @@
 use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::activation::{silu, softplus};
-use serde::{Deserialize, Serialize};
 
+use super::check::{ConfigError, positive};
 use super::init::{Dense, Init, to_dtype, wide};
 use super::lambda::{LambdaConfig, LevelWeights};
 use crate::fenwick;
 use crate::ops::{FenwickState, Form, LogLinearInput, log_linear_attn};
 
-/// Sizes and choices of one mixer. `d_inner = expand·d_model = heads·head_dim`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// Sizes and choices of one mixer; the defaults are the official layer's (E = 2, P = 64, N = 128,
+/// G = 1, K = 4, 15 levels, linear λ). `d_inner = expand·d_model = heads·head_dim`.
+#[derive(Config, Debug, PartialEq)]
 pub struct MixerConfig {
     /// Model width `D`.
     pub d_model: usize,
     /// Inner width factor `E` (`d_inner = E·D`).
-    #[serde(default = "d_expand")]
+    #[config(default = 2)]
     pub expand: usize,
     /// Head width `P`.
-    #[serde(default = "d_head_dim")]
+    #[config(default = 64)]
     pub head_dim: usize,
     /// State width `N` (width of B and C).
-    #[serde(default = "d_state")]
+    #[config(default = 128)]
     pub d_state: usize,
     /// Groups `G` sharing B and C (contiguous blocks of heads).
-    #[serde(default = "d_groups")]
+    #[config(default = 1)]
     pub n_groups: usize,
     /// Causal depthwise convolution width `K`.
-    #[serde(default = "d_conv")]
+    #[config(default = 4)]
     pub conv_kernel: usize,
     /// λ.
-    #[serde(default)]
+    #[config(default = "LambdaConfig::new()")]
     pub lambda: LambdaConfig,
     /// Epsilon of the gated RMSNorm.
-    #[serde(default = "d_eps")]
+    #[config(default = 1e-5)]
     pub norm_eps: f64,
     /// Lower end of the log-uniform Δ at init.
-    #[serde(default = "d_dt_min")]
+    #[config(default = 1e-3)]
     pub dt_min: f64,
     /// Upper end of the log-uniform Δ at init.
-    #[serde(default = "d_dt_max")]
+    #[config(default = 0.1)]
     pub dt_max: f64,
     /// Floor of Δ at init.
-    #[serde(default = "d_dt_floor")]
+    #[config(default = 1e-4)]
     pub dt_init_floor: f64,
 }
 
-fn d_expand() -> usize {
-    2
-}
-fn d_head_dim() -> usize {
-    64
-}
-fn d_state() -> usize {
-    128
-}
-fn d_groups() -> usize {
-    1
-}
-fn d_conv() -> usize {
-    4
-}
-fn d_eps() -> f64 {
-    1e-5
-}
-fn d_dt_min() -> f64 {
-    1e-3
-}
-fn d_dt_max() -> f64 {
-    0.1
-}
-fn d_dt_floor() -> f64 {
-    1e-4
-}
-
 impl MixerConfig {
-    /// Defaults of the official layer (E = 2, P = 64, N = 128, G = 1, K = 4, 15 levels, linear λ).
-    pub fn new(d_model: usize) -> Self {
-        Self {
-            d_model,
-            expand: d_expand(),
-            head_dim: d_head_dim(),
-            d_state: d_state(),
-            n_groups: d_groups(),
-            conv_kernel: d_conv(),
-            lambda: LambdaConfig::default(),
-            norm_eps: d_eps(),
-            dt_min: d_dt_min(),
-            dt_max: d_dt_max(),
-            dt_init_floor: d_dt_floor(),
-        }
-    }
-
     /// `d_inner = expand · d_model`.
     pub fn d_inner(&self) -> usize {
         self.expand * self.d_model
@@ -110,35 +65,44 @@ impl MixerConfig {
         self.d_inner() + 2 * self.n_groups * self.d_state
     }
 
-    /// Checks the size constraints, naming the one that fails.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks the sizes and that they fit together, naming the field that does not.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        positive(&[
+            ("d_model", self.d_model),
+            ("expand", self.expand),
+            ("head_dim", self.head_dim),
+            ("d_state", self.d_state),
+            ("n_groups", self.n_groups),
+            ("conv_kernel", self.conv_kernel),
+        ])?;
+        self.lambda.validate().map_err(|e| e.within("lambda"))?;
         let di = self.d_inner();
-        if self.d_model == 0 || self.expand == 0 || self.head_dim == 0 || self.d_state == 0 {
-            return Err(format!("mixer sizes must be positive: {self:?}"));
-        }
         if !di.is_multiple_of(self.head_dim) {
-            return Err(format!(
-                "d_inner = expand·d_model = {di} is not a multiple of head_dim = {}",
-                self.head_dim
+            return Err(ConfigError::new(
+                "head_dim",
+                format!(
+                    "({}) must divide d_inner = expand·d_model = {di}",
+                    self.head_dim
+                ),
             ));
         }
-        if self.n_groups == 0 || !self.heads().is_multiple_of(self.n_groups) {
-            return Err(format!(
-                "heads = {} is not a multiple of n_groups = {}",
-                self.heads(),
-                self.n_groups
+        if !self.heads().is_multiple_of(self.n_groups) {
+            return Err(ConfigError::new(
+                "n_groups",
+                format!(
+                    "({}) must divide the heads, d_inner/head_dim = {}",
+                    self.n_groups,
+                    self.heads()
+                ),
             ));
-        }
-        if self.conv_kernel == 0 {
-            return Err("conv_kernel must be at least 1".into());
-        }
-        if self.lambda.levels == 0 {
-            return Err("lambda.levels must be at least 1".into());
         }
         if !(self.dt_min > 0.0 && self.dt_min <= self.dt_max) {
-            return Err(format!(
-                "need 0 < dt_min ≤ dt_max, got {} and {}",
-                self.dt_min, self.dt_max
+            return Err(ConfigError::new(
+                "dt_min",
+                format!(
+                    "must lie in (0, dt_max = {}], got {}",
+                    self.dt_max, self.dt_min
+                ),
             ));
         }
         Ok(())

@@ -1,5 +1,6 @@
 //! Modules: the λ modes, the log-linear Mamba-2 mixer and the language model.
 
+pub mod check;
 pub mod init;
 pub mod lambda;
 pub mod loss;
@@ -9,6 +10,7 @@ pub mod packed;
 pub mod synthetic;
 pub mod transformer;
 
+pub use check::ConfigError;
 pub use init::Precision;
 pub use loss::cross_entropy_rows;
 pub use lambda::{LambdaConfig, LambdaMlp, LambdaMode, LevelWeights};

@@ -4,15 +4,14 @@
 use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::activation::silu;
-use serde::{Deserialize, Serialize};
 
+use super::check::{ConfigError, positive, std_dev, width_when_set};
 use super::init::{Dense, Init, Precision, RmsNorm, to_dtype, wide};
 use super::mixer::{LogLinearMamba2, MixerConfig, MixerState};
 use crate::ops::Form;
 
 /// Language-model configuration.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Config, Debug, PartialEq)]
 pub struct LmConfig {
     /// Vocabulary size.
     pub vocab_size: usize,
@@ -21,44 +20,22 @@ pub struct LmConfig {
     /// The mixer of every block (its `d_model` is the model width).
     pub mixer: MixerConfig,
     /// GatedMLP width; `None` = `256·⌈int(8·D/3)/256⌉` (spec §2.4).
-    #[serde(default)]
     pub mlp_width: Option<usize>,
     /// Share the embedding matrix with the LM head.
-    #[serde(default)]
+    #[config(default = false)]
     pub tie_embeddings: bool,
     /// Epsilon of the block and final RMSNorms.
-    #[serde(default = "d_eps")]
+    #[config(default = 1e-5)]
     pub norm_eps: f64,
     /// Standard deviation of the normal init of embeddings and projections.
-    #[serde(default = "d_init_std")]
+    #[config(default = 0.02)]
     pub initializer_range: f64,
     /// Compute dtype (mixed precision); parameters stay f32.
-    #[serde(default)]
+    #[config(default = "Precision::Full")]
     pub precision: Precision,
 }
 
-fn d_eps() -> f64 {
-    1e-5
-}
-fn d_init_std() -> f64 {
-    0.02
-}
-
 impl LmConfig {
-    /// A model of width `d_model` with the official mixer defaults.
-    pub fn new(vocab_size: usize, d_model: usize, n_layers: usize) -> Self {
-        Self {
-            vocab_size,
-            n_layers,
-            mixer: MixerConfig::new(d_model),
-            mlp_width: None,
-            tie_embeddings: false,
-            norm_eps: d_eps(),
-            initializer_range: d_init_std(),
-            precision: Precision::Full,
-        }
-    }
-
     /// Model width.
     pub fn d_model(&self) -> usize {
         self.mixer.d_model
@@ -70,15 +47,12 @@ impl LmConfig {
             .unwrap_or_else(|| (self.d_model() * 8 / 3).div_ceil(256) * 256)
     }
 
-    /// Checks sizes, naming what is wrong.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.vocab_size == 0 || self.n_layers == 0 {
-            return Err(format!(
-                "vocab_size ({}) and n_layers ({}) must be positive",
-                self.vocab_size, self.n_layers
-            ));
-        }
-        self.mixer.validate()
+    /// Checks the sizes, naming the field that is out of range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        positive(&[("vocab_size", self.vocab_size), ("n_layers", self.n_layers)])?;
+        self.mixer.validate().map_err(|e| e.within("mixer"))?;
+        width_when_set("mlp_width", self.mlp_width)?;
+        std_dev("initializer_range", self.initializer_range)
     }
 
     /// Builds the model with the init of spec §2.5, drawing every parameter from `seed`.

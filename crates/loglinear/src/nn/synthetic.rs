@@ -5,88 +5,57 @@
 use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::activation::softplus;
-use serde::{Deserialize, Serialize};
 
+use super::check::{ConfigError, positive, std_dev};
 use super::init::{Dense, Init, LayerNorm, Precision, to_dtype, wide};
 use super::lambda::{LambdaConfig, LevelWeights};
 use crate::fenwick;
 use crate::ops::{Form, LogLinearInput, log_linear_attn};
 
-/// Configuration of the synthetic-task model.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// Configuration of the synthetic-task model; the defaults are the paper's setting (d = 64,
+/// 2 layers, 1 head, N = P = 64, init std 0.02).
+#[derive(Config, Debug, PartialEq)]
 pub struct SyntheticConfig {
     /// Vocabulary size.
     pub vocab_size: usize,
-    /// Width `d` (64 in the paper).
-    #[serde(default = "d_model")]
+    /// Width `d`.
+    #[config(default = 64)]
     pub d_model: usize,
-    /// Number of layers (2).
-    #[serde(default = "d_layers")]
+    /// Number of layers.
+    #[config(default = 2)]
     pub n_layers: usize,
-    /// Heads `H` (1).
-    #[serde(default = "d_heads")]
+    /// Heads `H`.
+    #[config(default = 1)]
     pub heads: usize,
-    /// Key width `N` per head (64).
-    #[serde(default = "d_model")]
+    /// Key width `N` per head.
+    #[config(default = 64)]
     pub d_state: usize,
-    /// Value width `P` per head (64).
-    #[serde(default = "d_model")]
+    /// Value width `P` per head.
+    #[config(default = 64)]
     pub head_dim: usize,
     /// λ (levels = num_levels of the longest sequence, train or test).
     pub lambda: LambdaConfig,
-    /// Std of the normal init (0.02).
-    #[serde(default = "d_std")]
+    /// Std of the normal init.
+    #[config(default = 0.02)]
     pub initializer_range: f64,
     /// Compute dtype (mixed precision); parameters stay f32.
-    #[serde(default)]
+    #[config(default = "Precision::Full")]
     pub precision: Precision,
 }
 
-fn d_model() -> usize {
-    64
-}
-fn d_layers() -> usize {
-    2
-}
-fn d_heads() -> usize {
-    1
-}
-fn d_std() -> f64 {
-    0.02
-}
-
 impl SyntheticConfig {
-    /// The paper's setting (d = 64, 2 layers, 1 head, N = P = 64) with `levels` λ slots.
-    pub fn new(vocab_size: usize, lambda: LambdaConfig) -> Self {
-        Self {
-            vocab_size,
-            d_model: d_model(),
-            n_layers: d_layers(),
-            heads: d_heads(),
-            d_state: d_model(),
-            head_dim: d_model(),
-            lambda,
-            initializer_range: d_std(),
-            precision: Precision::Full,
-        }
-    }
-
-    /// Checks sizes, naming what is wrong.
-    pub fn validate(&self) -> Result<(), String> {
-        let sizes = [
+    /// Checks the sizes, naming the field that is out of range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        positive(&[
             ("vocab_size", self.vocab_size),
             ("d_model", self.d_model),
             ("n_layers", self.n_layers),
             ("heads", self.heads),
             ("d_state", self.d_state),
             ("head_dim", self.head_dim),
-            ("lambda.levels", self.lambda.levels),
-        ];
-        match sizes.iter().find(|(_, v)| *v == 0) {
-            Some((name, _)) => Err(format!("{name} must be positive")),
-            None => Ok(()),
-        }
+        ])?;
+        self.lambda.validate().map_err(|e| e.within("lambda"))?;
+        std_dev("initializer_range", self.initializer_range)
     }
 
     /// Init of the paper: every projection and the embedding `N(0, 0.02²)`, each `Wo`

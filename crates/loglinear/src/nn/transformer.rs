@@ -13,13 +13,14 @@ use burn::prelude::*;
 use burn::tensor::activation::gelu_approximate;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use serde::{Deserialize, Serialize};
 
+use super::check::{ConfigError, positive, std_dev, width_when_set};
 use super::init::{Dense, Init, LayerNorm, Precision, to_dtype, wide};
 
-/// Configuration of the GPT-2 baseline (field names follow `GPT2Config` where they map).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// Configuration of the GPT-2 baseline (field names follow `GPT2Config` where they map); the
+/// defaults are GPT-2's (1024 positions, MLP width 4·D, tied head, eps 1e-5, init std 0.02).
+/// Spec §7.2.5 uses D = 256 with H = 4 or D = 512 with H = 8, 6 layers.
+#[derive(Config, Debug, PartialEq)]
 pub struct TransformerConfig {
     /// Vocabulary size (`vocab_size`; 50257 for the GPT-2 tokenizer).
     pub vocab_size: usize,
@@ -30,56 +31,25 @@ pub struct TransformerConfig {
     /// Attention heads `H` (`n_head`); `head_dim = D / H`.
     pub n_heads: usize,
     /// Rows of the position embedding (`n_positions`): the longest sequence the model reads.
-    #[serde(default = "d_max_seq_len")]
+    #[config(default = 1024)]
     pub max_seq_len: usize,
     /// MLP width (`n_inner`); `None` = `4·D`.
-    #[serde(default)]
     pub mlp_width: Option<usize>,
     /// Share the token embedding with the LM head (GPT-2 does).
-    #[serde(default = "d_tie")]
+    #[config(default = true)]
     pub tie_embeddings: bool,
     /// Epsilon of every LayerNorm (`layer_norm_epsilon`).
-    #[serde(default = "d_eps")]
+    #[config(default = 1e-5)]
     pub norm_eps: f64,
     /// Standard deviation of the normal init (`initializer_range`).
-    #[serde(default = "d_init_std")]
+    #[config(default = 0.02)]
     pub initializer_range: f64,
     /// Compute dtype (mixed precision); parameters stay f32.
-    #[serde(default)]
+    #[config(default = "Precision::Full")]
     pub precision: Precision,
 }
 
-fn d_max_seq_len() -> usize {
-    1024
-}
-fn d_tie() -> bool {
-    true
-}
-fn d_eps() -> f64 {
-    1e-5
-}
-fn d_init_std() -> f64 {
-    0.02
-}
-
 impl TransformerConfig {
-    /// GPT-2 defaults (1024 positions, MLP width 4·D, tied head, eps 1e-5, init std 0.02) at the
-    /// given sizes; spec §7.2.5 uses D = 256 with H = 4 or D = 512 with H = 8, 6 layers.
-    pub fn new(vocab_size: usize, d_model: usize, n_layers: usize, n_heads: usize) -> Self {
-        Self {
-            vocab_size,
-            d_model,
-            n_layers,
-            n_heads,
-            max_seq_len: d_max_seq_len(),
-            mlp_width: None,
-            tie_embeddings: d_tie(),
-            norm_eps: d_eps(),
-            initializer_range: d_init_std(),
-            precision: Precision::Full,
-        }
-    }
-
     /// `D / H`.
     pub fn head_dim(&self) -> usize {
         self.d_model / self.n_heads
@@ -90,26 +60,23 @@ impl TransformerConfig {
         self.mlp_width.unwrap_or(4 * self.d_model)
     }
 
-    /// Checks sizes, naming what is wrong.
-    pub fn validate(&self) -> Result<(), String> {
-        let sizes = [
+    /// Checks the sizes and that they fit together, naming the field that does not.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        positive(&[
             ("vocab_size", self.vocab_size),
             ("d_model", self.d_model),
             ("n_layers", self.n_layers),
             ("n_heads", self.n_heads),
             ("max_seq_len", self.max_seq_len),
-            ("mlp_width", self.mlp_width()),
-        ];
-        if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
-            return Err(format!("{name} must be positive"));
-        }
+        ])?;
+        width_when_set("mlp_width", self.mlp_width)?;
         if !self.d_model.is_multiple_of(self.n_heads) {
-            return Err(format!(
-                "d_model = {} is not a multiple of n_heads = {}",
-                self.d_model, self.n_heads
+            return Err(ConfigError::new(
+                "n_heads",
+                format!("({}) must divide d_model = {}", self.n_heads, self.d_model),
             ));
         }
-        Ok(())
+        std_dev("initializer_range", self.initializer_range)
     }
 
     /// Builds the model with the init of HF GPT-2 (`_init_weights`), drawing every parameter

@@ -13,7 +13,7 @@ pub enum Form {
     Parallel,
     /// Chunkwise form with a power-of-two chunk size: O(T·C + T·log(T/C)) time.
     Chunked {
-        /// Chunk size, a power of two (64 is the usual choice).
+        /// Chunk size, a power of two ([`DEFAULT_CHUNK`] is the usual choice).
         chunk: usize,
     },
     /// Token-by-token Fenwick recurrence: O(log T) state, O(T) sequential steps.
@@ -24,11 +24,64 @@ pub enum Form {
     /// initial or returned state, f64, shared memory too small for the widths), it is
     /// `Chunked { chunk: 64 }`; on a CubeCL device such a fallback prints a one-time warning.
     Fused,
+    /// The faster of `Fused` and `Chunked { chunk }` for the inputs at hand, chosen at every call
+    /// by [`auto_form`]: the fused kernels where they run on tensor cores, the chunked form
+    /// elsewhere (on the CPU always).
+    Auto {
+        /// Chunk size of the chunked form, a power of two.
+        chunk: usize,
+    },
+}
+
+/// The usual chunk size: the default form's, and the chunked fallback of [`Form::Fused`].
+pub const DEFAULT_CHUNK: usize = 64;
+
+/// The tile of the tensor-core products (`cmma` 16×16×16).
+pub const TENSOR_CORE_TILE: usize = 16;
+
+/// Whether the fused kernels compute on tensor cores: bf16 inputs, key width `n` a multiple of
+/// the tile, on a device whose `cmma` takes bf16 tiles with f32 accumulation (`bf16_cmma`;
+/// `kernels::bf16_cmma` asks the device). Only bf16: the kernels round the level states and
+/// weighted operands to the input dtype, and f16's range (65,504) does not hold a state summed
+/// over a long sequence, so f16 and f32 take the scalar kernels, which compute in f32. The one
+/// statement of this condition: the kernels' launch planning asks it too.
+pub fn on_tensor_cores(dtype: DType, n: usize, bf16_cmma: bool) -> bool {
+    bf16_cmma && dtype == DType::BF16 && n.is_multiple_of(TENSOR_CORE_TILE)
+}
+
+/// The form [`Form::Auto`] runs for inputs whose `q` has `dtype` and key width `n`, on a device
+/// with or without bf16 tensor cores (`bf16_cmma`), with or without a Fenwick state in or out
+/// (`with_state`): [`Form::Fused`] where its kernels run on tensor cores ([`on_tensor_cores`])
+/// and no state is asked for (the kernels keep none), else `Chunked { chunk }`. Measured on the
+/// H200 (bench/RESULTS.md): on tensor cores the fused forward + backward took 0.29–0.36× the
+/// chunked form's time (session 4); in f32 the fused op runs scalar kernels, which were slower
+/// than the chunked form (session 2).
+pub fn auto_form(chunk: usize, dtype: DType, n: usize, bf16_cmma: bool, with_state: bool) -> Form {
+    if !with_state && on_tensor_cores(dtype, n, bf16_cmma) {
+        Form::Fused
+    } else {
+        Form::Chunked { chunk }
+    }
+}
+
+/// Whether `device` runs the fused kernels with bf16 tensor cores (false without kernels).
+fn bf16_cmma(device: &Device) -> bool {
+    #[cfg(feature = "kernels")]
+    {
+        crate::kernels::bf16_cmma(device)
+    }
+    #[cfg(not(feature = "kernels"))]
+    {
+        let _ = device;
+        false
+    }
 }
 
 impl Default for Form {
     fn default() -> Self {
-        Form::Chunked { chunk: 64 }
+        Form::Chunked {
+            chunk: DEFAULT_CHUNK,
+        }
     }
 }
 
@@ -39,6 +92,7 @@ impl std::fmt::Display for Form {
             Form::Chunked { chunk } => write!(f, "chunked(C={chunk})"),
             Form::Recurrent => write!(f, "recurrent"),
             Form::Fused => write!(f, "fused"),
+            Form::Auto { chunk } => write!(f, "auto(C={chunk})"),
         }
     }
 }
@@ -68,8 +122,24 @@ pub fn log_linear_attn(
     initial: Option<&FenwickState>,
     return_state: bool,
 ) -> AttnOutput {
-    if form == Form::Fused {
-        return fused_or_chunked(x, initial, return_state);
+    match form {
+        Form::Auto { chunk } => {
+            let with_state = initial.is_some() || return_state;
+            let form = auto_form(
+                chunk,
+                x.dtype(),
+                x.dims().n,
+                bf16_cmma(&x.device()),
+                with_state,
+            );
+            return match form {
+                // Should the kernels not fit after all, the fallback keeps the configured chunk.
+                Form::Fused => fused_or_chunked(x, chunk, initial, return_state),
+                other => log_linear_attn(x, other, initial, return_state),
+            };
+        }
+        Form::Fused => return fused_or_chunked(x, DEFAULT_CHUNK, initial, return_state),
+        _ => {}
     }
     // Half-precision inputs: the decays are differences of cumulative sums, which bf16/f16 cannot
     // hold to useful accuracy, and the level states accumulate many terms; the tensor forms
@@ -104,18 +174,18 @@ pub fn log_linear_attn(
                 state: Some(state),
             }
         }
-        Form::Fused => unreachable!("handled above"),
+        Form::Fused | Form::Auto { .. } => unreachable!("handled above"),
     }
 }
 
-/// [`Form::Fused`]: the kernels where they apply, else the chunked form (with a one-time warning
-/// on devices that have kernels, where the fallback costs speed).
+/// [`Form::Fused`]: the kernels where they apply, else the chunked form with `chunk` (with a
+/// one-time warning on devices that have kernels, where the fallback costs speed).
 fn fused_or_chunked(
     x: &LogLinearInput,
+    chunk: usize,
     initial: Option<&FenwickState>,
     return_state: bool,
 ) -> AttnOutput {
-    const FALLBACK: Form = Form::Chunked { chunk: 64 };
     #[cfg(feature = "kernels")]
     {
         let why = if initial.is_some() || return_state {
@@ -138,5 +208,5 @@ fn fused_or_chunked(
             }
         }
     }
-    log_linear_attn(x, FALLBACK, initial, return_state)
+    log_linear_attn(x, Form::Chunked { chunk }, initial, return_state)
 }

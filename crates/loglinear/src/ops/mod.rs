@@ -7,15 +7,17 @@
 //! * [`Form::Parallel`]: the quadratic masked form, the definition and the test oracle;
 //! * [`Form::Chunked`]: the chunkwise O(T log T) algorithm (intra-chunk blocks plus one
 //!   vectorised pass per chunk level);
-//! * [`Form::Recurrent`]: the O(log T) Fenwick state stepped token by token (also the decoder).
+//! * [`Form::Recurrent`]: the O(log T) Fenwick state stepped token by token (also the decoder);
+//! * [`Form::Fused`]: the fused CubeCL kernels where they run (else the chunked form), and
+//!   [`Form::Auto`]: whichever of the two is faster for the inputs at hand ([`auto_form`]).
 //!
 //! All forms take the same [`LogLinearInput`], an optional initial [`FenwickState`], and can
 //! return the final state; all are built from Burn tensor ops and so differentiable through
 //! autodiff, in whatever float dtype the inputs carry (f32, f64, bf16). The derivations are in
 //! `ops/README.md`.
 //!
-//! Files by job: `input.rs` (the inputs and their sizes), `dispatch.rs` ([`Form`] and
-//! [`log_linear_attn`]), one file per form, `state.rs` ([`FenwickState`] and the state math the
+//! Files by job: `input.rs` (the inputs and their sizes), `dispatch.rs` ([`Form`], the choice of [`Form::Auto`]
+//! and [`log_linear_attn`]), one file per form, `state.rs` ([`FenwickState`] and the state math the
 //! parallel and chunked forms share: reading an initial state, building the final one),
 //! `tensor.rs` (small tensor helpers), `random.rs` (random inputs for tests and benchmarks).
 
@@ -29,7 +31,9 @@ mod state;
 mod tensor;
 
 pub use chunked::chunked;
-pub use dispatch::{AttnOutput, Form, log_linear_attn};
+pub use dispatch::{
+    AttnOutput, DEFAULT_CHUNK, Form, TENSOR_CORE_TILE, auto_form, log_linear_attn, on_tensor_cores,
+};
 pub use input::{Dims, LogLinearInput};
 pub use parallel::parallel;
 pub use recurrent::{recurrent, recurrent_step};
