@@ -114,8 +114,8 @@ fn delta_scores(q: &Tensor<4>, k: &Tensor<4>, beta: &Tensor<3>) -> (Tensor<4>, T
     for s in (0..t).rev() {
         let ks = k.clone().narrow(2, s, 1); // [B, H, 1, N]
         let bs = beta.clone().narrow(2, s, 1).unsqueeze_dim::<4>(3); // [B, H, 1, 1]
-        let hit =
-            rows.clone().matmul(ks.clone().swap_dims(2, 3)) * reached.clone().narrow(3, s, 1) * bs; // [B, H, T, 1]
+        let mask = reached.clone().narrow(3, s, 1); // [1, 1, T, 1]
+        let hit = rows.clone().matmul(ks.clone().swap_dims(2, 3)) * mask * bs; // [B, H, T, 1]
         rows = rows - hit.clone().matmul(ks);
         columns.push(hit);
     }
@@ -148,9 +148,8 @@ fn keys_to_end(k: &Tensor<4>, beta: &Tensor<3>, through: bool) -> (Tensor<4>, Op
     for r in 0..t {
         let kr = k.clone().narrow(2, r, 1); // [B, H, 1, N]
         let br = beta.clone().narrow(2, r, 1).unsqueeze_dim::<4>(3); // [B, H, 1, 1]
-        let hit = rows.clone().matmul(kr.clone().swap_dims(2, 3))
-            * later.clone().narrow(3, r, 1)
-            * br.clone(); // [B, H, T, 1]
+        let mask = later.clone().narrow(3, r, 1); // [1, 1, T, 1]
+        let hit = rows.clone().matmul(kr.clone().swap_dims(2, 3)) * mask * br.clone(); // [B, H, T, 1]
         rows = rows - hit.matmul(kr.clone());
         product = product.map(|m| {
             let kt_m = kr.clone().matmul(m.clone()) * br; // [B, H, 1, N]
