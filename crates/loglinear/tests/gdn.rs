@@ -99,9 +99,9 @@ impl Host {
                     let mut lv = 0;
                     while count[lv] == 1 << lv {
                         assert!(lv + 1 < l, "recurrence: {l} levels are too few");
-                        for e in 0..n * p {
-                            s[lv + 1][e] += s[lv][e];
-                            s[lv][e] = 0.0;
+                        let full = std::mem::replace(&mut s[lv], vec![0.0; n * p]);
+                        for (into, from) in s[lv + 1].iter_mut().zip(full) {
+                            *into += from;
                         }
                         count[lv + 1] += count[lv];
                         count[lv] = 0;

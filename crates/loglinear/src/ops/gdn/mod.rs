@@ -20,6 +20,23 @@
 //! The derivations are in `ops/gdn/README.md`. Every form continues from and can return a
 //! Fenwick state and is differentiable through Burn's autodiff (gradients for q, k, v, g, β, λ
 //! and the initial state).
+//!
+//! ```
+//! use burn::prelude::*;
+//! use burn::tensor::DType;
+//! use loglinear::ops::gdn::{GdnInput, gdn_attn};
+//! use loglinear::ops::{Dims, Form};
+//!
+//! let device = Device::flex();
+//! // q, k: [B, T, H, N]; v: [B, T, H, P]; g, beta: [B, T, H]; lambda: [B, T, H, L]
+//! let x = GdnInput::random(Dims { b: 1, t: 70, h: 2, n: 16, p: 32, l: 8 }, 0, DType::F32, &device);
+//! let out = gdn_attn(&x, Form::Chunked { chunk: 16 }, None, true);
+//! assert_eq!(out.o.dims(), [1, 70, 2, 32]);
+//! let state = out.state.unwrap(); // [B, H, L, N, P], position 70
+//! // Decode the next tokens from the state.
+//! let next = gdn_attn(&x.narrow(0, 3), Form::Recurrent, Some(&state), true);
+//! assert_eq!(next.state.unwrap().position, 73);
+//! ```
 
 mod chunked;
 mod dispatch;
