@@ -704,3 +704,38 @@ fn half_precision_inputs_compute_in_f32() {
         assert_close(&format!("bf16 {form}"), &reference, &to_f64(&o), 1e-2);
     }
 }
+
+/// A segment of no tokens leaves the state as it was and has no outputs, in every form.
+#[test]
+fn an_empty_segment_keeps_the_state() {
+    let seed = test_seed(1200);
+    let (b, h, n, p, l) = (2, 2, 3, 4, 5);
+    let prefix = GdnInput::random(
+        Dims {
+            l,
+            ..dims(b, 11, h, n, p)
+        },
+        seed,
+        DType::F64,
+        &dev(),
+    );
+    let state = gdn_attn(&prefix, Form::Parallel, None, true).state.unwrap();
+    let device = dev();
+    let zeros4 = |w: usize| Tensor::<4>::zeros([b, 0, h, w], (&device, DType::F64));
+    let zeros3 = || Tensor::<3>::zeros([b, 0, h], (&device, DType::F64));
+    let x = GdnInput {
+        q: zeros4(n),
+        k: zeros4(n),
+        v: zeros4(p),
+        g: zeros3(),
+        beta: zeros3(),
+        lambda: zeros4(l),
+    };
+    for form in [Form::Parallel, Form::Chunked { chunk: 4 }, Form::Recurrent] {
+        let out = gdn_attn(&x, form, Some(&state), true);
+        assert_eq!(out.o.dims(), [b, 0, h, p], "{form}");
+        let after = out.state.unwrap();
+        assert_eq!(after.position, 11, "{form}");
+        assert_eq!(to_f64(&after.levels), to_f64(&state.levels), "{form}");
+    }
+}
