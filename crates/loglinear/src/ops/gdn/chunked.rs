@@ -3,7 +3,7 @@
 //! levels. O(T·C·(N+P) + T·log(T/C)·N·(N+P) + (T/C)·N²·(N+P)).
 //!
 //! Inside a chunk the scalar decays factor out of `𝒜_r = a_r (I − β_r k_r k_rᵀ)`, so the
-//! delta-rule products are undecayed (UT transform, `T = I + strictly_lower(diag(β) K Kᵀ)`) and
+//! delta-rule products are undecayed (UT transform, `𝐓 = I + strictly_lower(diag(β) K Kᵀ)`) and
 //! the decays are differences of the chunk's cumulative log-decay. Between chunks, the pairs of
 //! level `lv > c` are keys in the first half and queries in the second half of an aligned period
 //! of `2^lv` tokens, as in the Mamba-2 op; here the key half's state must be carried through
@@ -78,8 +78,8 @@ pub fn chunked(
     let bc = pad3(x.beta.clone()).reshape([b, h, nt, chunk]);
     let gc = pad3(x.g.clone()).reshape([b, h, nt, chunk]).cumsum(3); // γ: [B, H, NT, C]
 
-    // (a) Intra-chunk: Â = tril(Q Kᵀ) T⁻¹ diag(β), decayed by exp(γ_t − γ_s) and weighted by
-    // λ of the pair's level; the C×C level pattern is the same in every chunk. Levels above
+    // (a) Intra-chunk: Â = tril(Q Kᵀ) 𝐓⁻¹ diag(β) with 𝐓 = I + strictly_lower(diag(β) K Kᵀ),
+    // decayed by exp(γ_t − γ_s) and weighted by λ of the pair's level; the C×C level pattern is the same in every chunk. Levels above
     // L − 1 only occur between padding tokens, so they are clamped to stay in range.
     let tinv = ut_inverse(&kc, &bc); // [B, H, NT, C, C]
     let qk = qc.clone().matmul(kc.clone().swap_dims(3, 4)).tril(0); // [B, H, NT, C, C]
@@ -108,8 +108,8 @@ pub fn chunked(
         .matmul(vc.clone())
         .reshape([b, h, len, p]);
 
-    // (b) Chunk summaries. WY form: Π_{r∈chunk} (I − β_r k_r k_rᵀ) = I − Kᵀ W, W = T⁻¹ diag(β) K;
-    // the same with the rows r ≤ t carries query t back to the chunk start.
+    // (b) Chunk summaries. WY form: Π_{r∈chunk} (I − β_r k_r k_rᵀ) = I − Kᵀ W, W = 𝐓⁻¹ diag(β) K;
+    // its partial products (the rows s ≤ t of W) carry query t back to the chunk start.
     let w = tinv
         .clone()
         .matmul(kc.clone() * bc.clone().unsqueeze_dim(4)); // [B, H, NT, C, N]
@@ -120,7 +120,7 @@ pub fn chunked(
         - kc.clone().swap_dims(3, 4).matmul(w))
         * g_last.clone().exp().unsqueeze_dim(4); // G: [B, H, NT, N, N]
     // Keys carried to the chunk end, k̃_s = (Π_{r>s} 𝒜_r) β_s k_s: the rows of
-    // diag(β e^{γ_last − γ}) T⁻ᵀ K; the chunk's state is Σ_s k̃_s v_sᵀ.
+    // diag(β e^{γ_last − γ}) 𝐓⁻ᵀ K; the chunk's state is Σ_s k̃_s v_sᵀ.
     let to_end = (g_last - gc).exp() * bc; // [B, H, NT, C]
     let k_end = tinv.swap_dims(3, 4).matmul(kc) * to_end.unsqueeze_dim(4); // [B, H, NT, C, N]
     let states = k_end.clone().swap_dims(3, 4).matmul(vc.clone()); // Z: [B, H, NT, N, P]
@@ -135,9 +135,9 @@ pub fn chunked(
         let kk = k_end.narrow(2, jc, 1).squeeze_dim::<4>(2); // [B, H, C, N]
         let vv = vc.narrow(2, jc, 1).squeeze_dim::<4>(2); // [B, H, C, P]
         for (lv, range) in fenwick::buckets(last % chunk) {
-            let (i0, len) = (range.start, range.len());
-            let kr = kk.clone().narrow(2, i0, len).swap_dims(2, 3); // [B, H, N, len]
-            slots[lv] = Some(kr.matmul(vv.clone().narrow(2, i0, len)));
+            let (i0, size) = (range.start, range.len());
+            let kr = kk.clone().narrow(2, i0, size).swap_dims(2, 3); // [B, H, N, size]
+            slots[lv] = Some(kr.matmul(vv.clone().narrow(2, i0, size)));
         }
         carried = Some(trans.clone().narrow(2, jc, 1).squeeze_dim::<4>(2)); // [B, H, N, N]
     }
