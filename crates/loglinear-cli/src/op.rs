@@ -1,13 +1,15 @@
 //! `loglinear op`: the core op on tensors from a safetensors file, for checks across frameworks.
 //!
 //! ```text
-//! loglinear op --input IN.safetensors --output OUT.safetensors [--form chunked] [--chunk 64] [--grad]
+//! loglinear op --input IN.safetensors --output OUT.safetensors [--variant gdn] [--form chunked] [--chunk 64] [--grad]
 //! loglinear op --example DIR
 //! ```
 //!
 //! IN holds `q`, `k: [B, T, H, N]`, `v: [B, T, H, P]`, `g: [B, T, H]`, `lambda: [B, T, H, L]`
-//! (and `do: [B, T, H, P]` with `--grad`), all F32 or all F64. OUT holds `o` and, with `--grad`,
-//! the gradients of `Σ o ⊙ do`: `dq, dk, dv, dg, dlambda`, in the input's dtype. The input is
+//! (and `do: [B, T, H, P]` with `--grad`), all F32 or all F64; `--variant gdn` (log-linear Gated
+//! DeltaNet, `loglinear::ops::gdn`) also needs `beta: [B, T, H]`. OUT holds `o` and, with
+//! `--grad`, the gradients of `Σ o ⊙ do`: `dq, dk, dv, dg, dlambda` (and `dbeta` for gdn), in
+//! the input's dtype. The input is
 //! validated completely before the library sees it (the library panics on shape misuse), and
 //! OUT is written to a temporary file in its directory and renamed, so a failed run leaves no
 //! output behind.
@@ -23,8 +25,9 @@ use burn::prelude::*;
 use burn::tensor::{DType, TensorData};
 use clap::{Args, ValueEnum};
 use loglinear::fenwick::num_levels;
-use loglinear::ops::{Dims, Form, LogLinearInput, log_linear_attn};
 use loglinear::host::{HostInput, closeness, to_f64};
+use loglinear::ops::gdn::{GdnInput, gdn_attn};
+use loglinear::ops::{Dims, Form, LogLinearInput, log_linear_attn};
 use safetensors::{Dtype, SafeTensors};
 
 /// The bundled example input of `--example`: B=1, T=70 (a partial last chunk for C = 64 and
@@ -36,9 +39,10 @@ const EXAMPLE: &[u8] = include_bytes!("../examples-data/example.safetensors");
 #[derive(Args, Debug)]
 #[command(
     after_help = "IN holds q, k [B,T,H,N], v [B,T,H,P], g [B,T,H], lambda [B,T,H,L] \
-                  (L >= ceil(log2 T) + 1), and with --grad also do [B,T,H,P]; all F32 or all F64. \
-                  OUT holds o and, with --grad, dq, dk, dv, dg, dlambda (gradients of sum(o * do)) \
-                  in the input's dtype.\n\nStart with `loglinear op --example DIR`."
+                  (L >= ceil(log2 T) + 1), with --variant gdn also beta [B,T,H], and with --grad \
+                  also do [B,T,H,P]; all F32 or all F64. OUT holds o and, with --grad, dq, dk, \
+                  dv, dg, dlambda (and dbeta for gdn): gradients of sum(o * do), in the input's \
+                  dtype.\n\nStart with `loglinear op --example DIR`."
 )]
 pub struct OpArgs {
     /// Input safetensors file with q, k, v, g, lambda (and do with --grad).
@@ -47,6 +51,9 @@ pub struct OpArgs {
     /// Output safetensors file (written atomically; nothing is left behind on error).
     #[arg(long, value_name = "OUT", required_unless_present = "example")]
     output: Option<PathBuf>,
+    /// Which op: log-linear Mamba-2 (the default) or log-linear Gated DeltaNet (needs `beta`).
+    #[arg(long, value_enum, default_value_t = Variant::Mamba2)]
+    variant: Variant,
     /// Which form of the op computes the output.
     #[arg(long, value_enum, default_value_t = FormArg::Chunked)]
     form: FormArg,
@@ -61,9 +68,28 @@ pub struct OpArgs {
     #[arg(
         long,
         value_name = "DIR",
-        conflicts_with_all = ["input", "output", "form", "chunk", "grad"]
+        conflicts_with_all = ["input", "output", "variant", "form", "chunk", "grad"]
     )]
     example: Option<PathBuf>,
+}
+
+/// `--variant` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Variant {
+    /// Log-linear Mamba-2: scalar decay `exp(g)`.
+    Mamba2,
+    /// Log-linear Gated DeltaNet: transition `exp(g) (I − β k kᵀ)`, insertion `β k vᵀ`.
+    Gdn,
+}
+
+impl Variant {
+    /// The tensors IN must hold (without `do`).
+    fn inputs(self) -> &'static [&'static str] {
+        match self {
+            Variant::Mamba2 => &["q", "k", "v", "g", "lambda"],
+            Variant::Gdn => &["q", "k", "v", "g", "beta", "lambda"],
+        }
+    }
 }
 
 /// `--form` values.
@@ -75,7 +101,7 @@ enum FormArg {
     Chunked,
     /// The token-by-token Fenwick recurrence.
     Recurrent,
-    /// The fused kernels (on the CPU: the chunked form with chunk 64).
+    /// The fused kernels (on the CPU: the chunked form with chunk 64; not for gdn).
     Fused,
 }
 
@@ -96,11 +122,15 @@ pub fn run(args: OpArgs) -> Result<()> {
         "--chunk {} is not a power of two (try 64)",
         args.chunk
     );
+    ensure!(
+        !(args.variant == Variant::Gdn && form == Form::Fused),
+        "--form fused: there are no Gated DeltaNet kernels (use --form chunked)"
+    );
     let (input, output) = match (&args.input, &args.output) {
         (Some(i), Some(o)) => (i, o),
         _ => bail!("--input and --output are both required"),
     };
-    let inputs = read_inputs(input, args.grad)?;
+    let inputs = read_inputs(input, args.grad, args.variant)?;
     let result = compute(&inputs, form, args.grad);
     let precision = inputs.precision;
     let tensors: Vec<(String, OwnedTensor)> = result
@@ -115,14 +145,18 @@ pub fn run(args: OpArgs) -> Result<()> {
     let bytes = safetensors::serialize(tensors, &None).context("serialising the output")?;
     write_atomically(output, &bytes)?;
     let Dims { b, t, h, n, p, l } = inputs.x.dims;
+    let grads = match (args.grad, args.variant) {
+        (false, _) => "",
+        (true, Variant::Mamba2) => " and dq, dk, dv, dg, dlambda",
+        (true, Variant::Gdn) => " and dq, dk, dv, dg, dbeta, dlambda",
+    };
+    let variant = match args.variant {
+        Variant::Mamba2 => "",
+        Variant::Gdn => "Gated DeltaNet, ",
+    };
     println!(
-        "{}: o{} in {precision:?}, B={b} T={t} H={h} N={n} P={p} L={l}, form {form}",
+        "{}: o{grads} in {precision:?}, {variant}B={b} T={t} H={h} N={n} P={p} L={l}, form {form}",
         output.display(),
-        if args.grad {
-            " and dq, dk, dv, dg, dlambda"
-        } else {
-            ""
-        },
     );
     Ok(())
 }
@@ -146,18 +180,20 @@ impl Precision {
 /// Validated inputs, held on the host as f64 (exact for both precisions).
 struct Inputs {
     x: HostInput,
+    /// `beta: [B, T, H]`, for `--variant gdn`.
+    beta: Option<Vec<f64>>,
     /// Output cotangent `[B, T, H, P]`, with `--grad`.
     d_o: Option<Vec<f64>>,
     precision: Precision,
 }
 
-/// Reads and validates IN: every tensor present, one supported dtype, ranks, shapes that agree,
-/// non-empty sizes, enough λ levels, finite values.
-fn read_inputs(path: &Path, grad: bool) -> Result<Inputs> {
+/// Reads and validates IN: every tensor the variant needs present, one supported dtype, ranks,
+/// shapes that agree, non-empty sizes, enough λ levels, finite values.
+fn read_inputs(path: &Path, grad: bool, variant: Variant) -> Result<Inputs> {
     let bytes = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let file = SafeTensors::deserialize(&bytes)
         .with_context(|| format!("{} is not a safetensors file", path.display()))?;
-    let mut names = vec!["q", "k", "v", "g", "lambda"];
+    let mut names = variant.inputs().to_vec();
     if grad {
         names.push("do");
     }
@@ -168,9 +204,10 @@ fn read_inputs(path: &Path, grad: bool) -> Result<Inputs> {
         .collect();
     ensure!(
         missing.is_empty(),
-        "{}: missing tensor {} (needs q, k, v, g, lambda{})",
+        "{}: missing tensor {} (needs {}{})",
         path.display(),
         missing.join(", "),
+        variant.inputs().join(", "),
         if grad { " and, with --grad, do" } else { "" }
     );
     let views: BTreeMap<&str, _> = names
@@ -210,6 +247,9 @@ fn read_inputs(path: &Path, grad: bool) -> Result<Inputs> {
     let lambda = rank("lambda", 4, "[B, T, H, L]")?;
     rank("k", 4, "[B, T, H, N]")?;
     rank("g", 3, "[B, T, H]")?;
+    if variant == Variant::Gdn {
+        rank("beta", 3, "[B, T, H]")?;
+    }
     let (b, t, h, n, p, l) = (q[0], q[1], q[2], q[3], v[3], lambda[3]);
     let expect = |name: &str, axes: &str, want: Vec<usize>| -> Result<()> {
         let got = shape(name);
@@ -224,6 +264,9 @@ fn read_inputs(path: &Path, grad: bool) -> Result<Inputs> {
     expect("v", "[B, T, H, P]", vec![b, t, h, p])?;
     expect("g", "[B, T, H]", vec![b, t, h])?;
     expect("lambda", "[B, T, H, L]", vec![b, t, h, l])?;
+    if variant == Variant::Gdn {
+        expect("beta", "[B, T, H]", vec![b, t, h])?;
+    }
     if grad {
         expect("do", "[B, T, H, P]", vec![b, t, h, p])?;
     }
@@ -255,6 +298,10 @@ fn read_inputs(path: &Path, grad: bool) -> Result<Inputs> {
             g: values("g")?,
             lambda: values("lambda")?,
         },
+        beta: match variant {
+            Variant::Mamba2 => None,
+            Variant::Gdn => Some(values("beta")?),
+        },
         d_o: if grad { Some(values("do")?) } else { None },
         precision,
     })
@@ -280,6 +327,9 @@ type Named = (&'static str, Vec<usize>, Vec<f64>);
 /// Runs `form` on the Flex CPU device in the input's precision: `o`, and with `grad` the
 /// gradients of `Σ o ⊙ do` through autodiff.
 fn compute(inputs: &Inputs, form: Form, grad: bool) -> Vec<Named> {
+    if let Some(beta) = &inputs.beta {
+        return compute_gdn(inputs, beta, form, grad);
+    }
     let Dims { b, t, h, n, p, l } = inputs.x.dims;
     let dtype = inputs.precision.dtype();
     if !grad {
@@ -302,11 +352,6 @@ fn compute(inputs: &Inputs, form: Form, grad: bool) -> Vec<Named> {
         Tensor::from_data(TensorData::new(d_o, vec![b, t, h, p]), (&device, dtype));
     let o = log_linear_attn(&x, form, None, false).o;
     let grads = (o.clone() * d_o).sum().backward();
-    // An input that does not reach the output (g when T = 1) has no gradient entry: it is zero.
-    fn grad_or_zero<const D: usize>(x: &Tensor<D>, g: Option<Tensor<D>>) -> Vec<f64> {
-        g.map(|g| to_f64(&g))
-            .unwrap_or_else(|| vec![0.0; x.shape().num_elements()])
-    }
     vec![
         ("o", vec![b, t, h, p], to_f64(&o)),
         ("dq", vec![b, t, h, n], grad_or_zero(&x.q, x.q.grad(&grads))),
@@ -319,6 +364,63 @@ fn compute(inputs: &Inputs, form: Form, grad: bool) -> Vec<Named> {
             grad_or_zero(&x.lambda, x.lambda.grad(&grads)),
         ),
     ]
+}
+
+/// [`compute`] for `--variant gdn`: the Gated DeltaNet op, with `dbeta` among the gradients.
+fn compute_gdn(inputs: &Inputs, beta: &[f64], form: Form, grad: bool) -> Vec<Named> {
+    let Dims { b, t, h, n, p, l } = inputs.x.dims;
+    let dtype = inputs.precision.dtype();
+    let device = if grad {
+        Device::flex().autodiff()
+    } else {
+        Device::flex()
+    };
+    let m = inputs.x.to_input(dtype, &device);
+    let x = GdnInput {
+        q: m.q,
+        k: m.k,
+        v: m.v,
+        g: m.g,
+        beta: Tensor::from_data(
+            TensorData::new(beta.to_vec(), vec![b, t, h]),
+            (&device, dtype),
+        ),
+        lambda: m.lambda,
+    };
+    if !grad {
+        let o = gdn_attn(&x, form, None, false).o;
+        return vec![("o", vec![b, t, h, p], to_f64(&o))];
+    }
+    let x = x.require_grad();
+    let d_o = inputs.d_o.clone().expect("--grad inputs carry do");
+    let d_o: Tensor<4> =
+        Tensor::from_data(TensorData::new(d_o, vec![b, t, h, p]), (&device, dtype));
+    let o = gdn_attn(&x, form, None, false).o;
+    let grads = (o.clone() * d_o).sum().backward();
+    vec![
+        ("o", vec![b, t, h, p], to_f64(&o)),
+        ("dq", vec![b, t, h, n], grad_or_zero(&x.q, x.q.grad(&grads))),
+        ("dk", vec![b, t, h, n], grad_or_zero(&x.k, x.k.grad(&grads))),
+        ("dv", vec![b, t, h, p], grad_or_zero(&x.v, x.v.grad(&grads))),
+        ("dg", vec![b, t, h], grad_or_zero(&x.g, x.g.grad(&grads))),
+        (
+            "dbeta",
+            vec![b, t, h],
+            grad_or_zero(&x.beta, x.beta.grad(&grads)),
+        ),
+        (
+            "dlambda",
+            vec![b, t, h, l],
+            grad_or_zero(&x.lambda, x.lambda.grad(&grads)),
+        ),
+    ]
+}
+
+/// The gradient of `x` as host values. An input that does not reach the output (g when T = 1)
+/// has no gradient entry: it is zero.
+fn grad_or_zero<const D: usize>(x: &Tensor<D>, g: Option<Tensor<D>>) -> Vec<f64> {
+    g.map(|g| to_f64(&g))
+        .unwrap_or_else(|| vec![0.0; x.shape().num_elements()])
 }
 
 /// A tensor to serialise: dtype, shape and little-endian bytes.
@@ -403,7 +505,7 @@ fn run_example(dir: &Path) -> Result<()> {
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let path = dir.join("example.safetensors");
     write_atomically(&path, EXAMPLE)?;
-    let inputs = read_inputs(&path, true)?;
+    let inputs = read_inputs(&path, true, Variant::Mamba2)?;
     let Dims { b, t, h, n, p, l } = inputs.x.dims;
     println!(
         "wrote {} (B={b} T={t} H={h} N={n} P={p} L={l}, {:?}, with do)",

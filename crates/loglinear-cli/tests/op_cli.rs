@@ -2,6 +2,8 @@
 //! checked against the plain f64 loop of the definition, every form's gradients against the
 //! parallel form's, and the parallel form's gradients against central finite differences of
 //! that loop; every bad input must fail with one line naming the problem and leave no output.
+//! `--variant gdn` (Gated DeltaNet) is checked against the library's f64 parallel form (itself
+//! tested against plain loops and finite differences in `crates/loglinear/tests/gdn.rs`).
 //!
 //! The bundled example (`examples-data/example.safetensors`) is regenerated from its seed here;
 //! after an intended change, rewrite it with
@@ -15,9 +17,10 @@ use std::process::{Command, Output};
 use burn::prelude::*;
 use burn::tensor::DType;
 use loglinear::fenwick::num_levels;
-use loglinear::ops::{Dims, LogLinearInput};
-use loglinear::host::HostInput;
-use loglinear::testing::assert_close;
+use loglinear::host::{HostInput, closeness};
+use loglinear::ops::gdn::GdnInput;
+use loglinear::ops::{Dims, Form, LogLinearInput};
+use loglinear::testing::{assert_close, run_gdn_with_grads};
 use safetensors::{Dtype, SafeTensors};
 
 const BIN: &str = env!("CARGO_BIN_EXE_loglinear");
@@ -547,4 +550,226 @@ fn bundled_example_runs_every_form_and_matches_its_seed() {
         assert!(!numbers.is_empty(), "{line}");
         assert!(numbers.iter().all(|d| *d < 1e-10), "{row}: {line}");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// `--variant gdn`: log-linear Gated DeltaNet (`loglinear::ops::gdn`).
+
+const GDN_GRAD_NAMES: [&str; 6] = ["dq", "dk", "dv", "dg", "dbeta", "dlambda"];
+
+/// A seeded Gated DeltaNet input at layer scales (values rounded to f32, so that the f32 and
+/// f64 files hold the same numbers), as named tensors with `do`, and the same input uploaded
+/// in f64 to an autodiff device with the cotangent.
+fn gdn_case(
+    dims: Dims,
+    seed: u64,
+    dtype: Dtype,
+) -> (Vec<(&'static str, Raw)>, GdnInput, Tensor<4>) {
+    let device = Device::flex().autodiff();
+    let x = GdnInput::random(dims, seed, DType::F32, &device).cast(DType::F64);
+    let d_o = GdnInput::random(Dims { n: dims.p, ..dims }, seed ^ 0xD0, DType::F32, &device)
+        .v
+        .cast(DType::F64);
+    let Dims { b, t, h, n, p, l } = dims;
+    let host = |x: &Tensor<4>| loglinear::host::to_f64(x);
+    let host3 = |x: &Tensor<3>| loglinear::host::to_f64(x);
+    let tensors = vec![
+        ("q", raw(dtype, &[b, t, h, n], &host(&x.q))),
+        ("k", raw(dtype, &[b, t, h, n], &host(&x.k))),
+        ("v", raw(dtype, &[b, t, h, p], &host(&x.v))),
+        ("g", raw(dtype, &[b, t, h], &host3(&x.g))),
+        ("beta", raw(dtype, &[b, t, h], &host3(&x.beta))),
+        ("lambda", raw(dtype, &[b, t, h, l], &host(&x.lambda))),
+        ("do", raw(dtype, &[b, t, h, p], &host(&d_o))),
+    ];
+    (tensors, x, d_o)
+}
+
+#[test]
+fn gdn_every_form_round_trips_in_f64_and_f32() {
+    let dir = tempfile::tempdir().unwrap();
+    // T = 70: a partial last chunk for C = 16 and C = 64; N ≠ P; one λ slot more than needed.
+    let dims = Dims {
+        b: 2,
+        t: 70,
+        h: 2,
+        n: 8,
+        p: 4,
+        l: num_levels(70) + 1,
+    };
+    // The library's f64 parallel form in this process: the reference for every form.
+    let (_, x, d_o) = gdn_case(dims, 12, Dtype::F64);
+    let reference = run_gdn_with_grads(&x, &d_o, Form::Parallel, None);
+    let shapes: BTreeMap<&str, Vec<usize>> = BTreeMap::from([
+        ("o", vec![2, 70, 2, 4]),
+        ("dq", vec![2, 70, 2, 8]),
+        ("dk", vec![2, 70, 2, 8]),
+        ("dv", vec![2, 70, 2, 4]),
+        ("dg", vec![2, 70, 2]),
+        ("dbeta", vec![2, 70, 2]),
+        ("dlambda", vec![2, 70, 2, dims.l]),
+    ]);
+    let forms: [&[&str]; 4] = [
+        &["--form", "parallel"],
+        &["--form", "chunked", "--chunk", "16"],
+        &[],
+        &["--form", "recurrent"],
+    ];
+    for (dtype, tol_o, tol_grad) in [(Dtype::F64, 1e-12, 1e-11), (Dtype::F32, 1e-5, 2e-5)] {
+        let input = dir.path().join(format!("gdn_{dtype:?}.safetensors"));
+        write_file(&input, gdn_case(dims, 12, dtype).0);
+        for (i, form) in forms.iter().enumerate() {
+            let ctx = format!("gdn {dtype:?} {form:?}");
+            let output = dir
+                .path()
+                .join(format!("gdn_out_{dtype:?}_{i}.safetensors"));
+            let mut args = vec!["--variant", "gdn", "--grad"];
+            args.extend_from_slice(form);
+            let got = run_op(&input, &output, &args);
+            assert_eq!(
+                got.keys().map(String::as_str).collect::<Vec<_>>(),
+                ["dbeta", "dg", "dk", "dlambda", "dq", "dv", "o"],
+                "{ctx}: tensors of OUT"
+            );
+            for (name, (dt, shape, _)) in &got {
+                assert_eq!(*dt, dtype, "{ctx} {name}: dtype");
+                assert_eq!(shape, &shapes[name.as_str()], "{ctx} {name}: shape");
+            }
+            assert_close(&format!("{ctx} o"), &reference.o, &got["o"].2, tol_o);
+            for (name, r) in &reference.grads {
+                assert_close(&format!("{ctx} {name}"), r, &got[*name].2, tol_grad);
+            }
+
+            // Without --grad: only o, equal to the o of the --grad run.
+            let mut args = vec!["--variant", "gdn"];
+            args.extend_from_slice(form);
+            let plain = run_op(&input, &output, &args);
+            assert_eq!(
+                plain.keys().collect::<Vec<_>>(),
+                ["o"],
+                "{ctx}: forward only"
+            );
+            assert_close(
+                &format!("{ctx} o without --grad"),
+                &got["o"].2,
+                &plain["o"].2,
+                1e-15,
+            );
+        }
+    }
+    assert_eq!(
+        reference.grads.iter().map(|g| g.0).collect::<Vec<_>>(),
+        GDN_GRAD_NAMES
+    );
+}
+
+/// Without `--variant` the same file runs the Mamba-2 op (the default), ignoring `beta`.
+#[test]
+fn the_default_variant_is_mamba2() {
+    let dir = tempfile::tempdir().unwrap();
+    let dims = Dims {
+        b: 1,
+        t: 20,
+        h: 2,
+        n: 3,
+        p: 2,
+        l: num_levels(20),
+    };
+    let (tensors, x, _) = gdn_case(dims, 13, Dtype::F64);
+    let input = dir.path().join("in.safetensors");
+    write_file(&input, tensors);
+    let got = run_op(&input, &dir.path().join("out.safetensors"), &[]);
+    let mamba = HostInput {
+        dims,
+        q: loglinear::host::to_f64(&x.q),
+        k: loglinear::host::to_f64(&x.k),
+        v: loglinear::host::to_f64(&x.v),
+        g: loglinear::host::to_f64(&x.g),
+        lambda: loglinear::host::to_f64(&x.lambda),
+    };
+    assert_close(
+        "default variant",
+        &mamba.reference_output(),
+        &got["o"].2,
+        1e-12,
+    );
+    let gdn = run_op(
+        &input,
+        &dir.path().join("out_gdn.safetensors"),
+        &["--variant", "gdn"],
+    );
+    let differ = closeness(&got["o"].2, &gdn["o"].2);
+    assert!(differ.max_rel > 1e-3, "gdn and mamba2 gave the same o");
+}
+
+/// A valid small Gated DeltaNet input (T = 10, L = 5) in f64, minus `drop`, with `replace`
+/// swapped in.
+fn bad_gdn_input(dir: &Path, drop: &[&str], replace: Vec<(&'static str, Raw)>) -> PathBuf {
+    let dims = Dims {
+        b: 1,
+        t: 10,
+        h: 2,
+        n: 4,
+        p: 3,
+        l: num_levels(10),
+    };
+    let mut tensors: Vec<(&str, Raw)> = gdn_case(dims, 5, Dtype::F64)
+        .0
+        .into_iter()
+        .filter(|(name, _)| !drop.contains(name) && !replace.iter().any(|(r, _)| r == name))
+        .collect();
+    tensors.extend(replace);
+    let path = dir.join("gdn_in.safetensors");
+    write_file(&path, tensors);
+    path
+}
+
+#[test]
+fn gdn_bad_inputs_fail_with_one_line_and_no_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let gdn = ["--variant", "gdn"];
+    let input = bad_gdn_input(dir.path(), &["beta"], vec![]);
+    expect_failure(
+        &input,
+        &gdn,
+        &["missing tensor", "`beta`", "q, k, v, g, beta, lambda"],
+    );
+    let input = bad_gdn_input(dir.path(), &["do"], vec![]);
+    expect_failure(
+        &input,
+        &["--variant", "gdn", "--grad"],
+        &["missing tensor", "`do`", "--grad"],
+    );
+    let beta = raw(Dtype::F64, &[1, 9, 2], &[0.5; 18]);
+    let input = bad_gdn_input(dir.path(), &[], vec![("beta", beta)]);
+    expect_failure(
+        &input,
+        &gdn,
+        &["`beta`", "[1, 9, 2]", "expected [B, T, H] = [1, 10, 2]"],
+    );
+    let beta = raw(Dtype::F64, &[1, 10, 2, 1], &[0.5; 20]);
+    let input = bad_gdn_input(dir.path(), &[], vec![("beta", beta)]);
+    expect_failure(&input, &gdn, &["`beta`", "rank 4", "expected rank 3"]);
+    let beta = raw(Dtype::F32, &[1, 10, 2], &[0.5; 20]);
+    let input = bad_gdn_input(dir.path(), &[], vec![("beta", beta)]);
+    expect_failure(&input, &gdn, &["mixed dtypes", "`beta` is F32", "F64"]);
+    let mut values = vec![0.5; 20];
+    values[3] = f64::INFINITY;
+    let beta = raw(Dtype::F64, &[1, 10, 2], &values);
+    let input = bad_gdn_input(dir.path(), &[], vec![("beta", beta)]);
+    expect_failure(&input, &gdn, &["`beta`", "NaN or infinite"]);
+    let lambda = raw(Dtype::F64, &[1, 10, 2, 4], &[1.0; 80]);
+    let input = bad_gdn_input(dir.path(), &[], vec![("lambda", lambda)]);
+    expect_failure(&input, &gdn, &["lambda has 4 levels", "at least 5"]);
+    let input = bad_gdn_input(dir.path(), &[], vec![]);
+    expect_failure(
+        &input,
+        &["--variant", "gdn", "--form", "fused"],
+        &["--form fused", "no Gated DeltaNet kernels"],
+    );
+    expect_failure(
+        &input,
+        &["--variant", "gdn", "--chunk", "12"],
+        &["--chunk 12", "power of two"],
+    );
 }

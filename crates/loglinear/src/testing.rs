@@ -7,9 +7,10 @@
 use burn::prelude::*;
 use burn::tensor::DType;
 
-use crate::host::{closeness, to_f64};
 #[cfg(feature = "kernels")]
 use crate::host::{Closeness, HostInput};
+use crate::host::{closeness, to_f64};
+use crate::ops::gdn::{GdnInput, gdn_attn};
 use crate::ops::{FenwickState, Form, LogLinearInput, log_linear_attn};
 
 /// Panics with the name, the error figures and the tolerance unless `got` matches `reference`
@@ -61,7 +62,7 @@ pub fn test_seed(tag: u64) -> u64 {
 pub struct FormResult {
     /// `o: [B, T, H, P]`.
     pub o: Vec<f64>,
-    /// `(name, gradient)` for `q, k, v, g, lambda`.
+    /// `(name, gradient)` for `q, k, v, g, lambda` (and `beta` for Gated DeltaNet).
     pub grads: Vec<(&'static str, Vec<f64>)>,
     /// Final state, when asked for.
     pub state: Option<Vec<f64>>,
@@ -82,12 +83,6 @@ pub fn run_with_grads(
     let out = log_linear_attn(&x, form, initial, keeps_state);
     let loss = (out.o.clone() * d_o.clone()).sum();
     let grads = loss.backward();
-    // An input that does not reach the output (g when T = 1 and L = 1) has no gradient entry:
-    // its gradient is zero.
-    fn grad_or_zero<const D: usize>(x: &Tensor<D>, g: Option<Tensor<D>>) -> Vec<f64> {
-        g.map(|t| to_f64(&t))
-            .unwrap_or_else(|| vec![0.0; x.shape().num_elements()])
-    }
     FormResult {
         o: to_f64(&out.o),
         grads: vec![
@@ -99,6 +94,39 @@ pub fn run_with_grads(
         ],
         state: out.state.map(|s| to_f64(&s.levels)),
     }
+}
+
+/// Runs the Gated DeltaNet op in `form` forward and backward on `x` (which must live on an
+/// autodiff device) with the output cotangent `d_o`, returning the output, the six input
+/// gradients (`dq, dk, dv, dg, dbeta, dlambda`) and the final state.
+pub fn run_gdn_with_grads(
+    x: &GdnInput,
+    d_o: &Tensor<4>,
+    form: Form,
+    initial: Option<&FenwickState>,
+) -> FormResult {
+    let x = x.require_grad();
+    let out = gdn_attn(&x, form, initial, true);
+    let grads = (out.o.clone() * d_o.clone()).sum().backward();
+    FormResult {
+        o: to_f64(&out.o),
+        grads: vec![
+            ("dq", grad_or_zero(&x.q, x.q.grad(&grads))),
+            ("dk", grad_or_zero(&x.k, x.k.grad(&grads))),
+            ("dv", grad_or_zero(&x.v, x.v.grad(&grads))),
+            ("dg", grad_or_zero(&x.g, x.g.grad(&grads))),
+            ("dbeta", grad_or_zero(&x.beta, x.beta.grad(&grads))),
+            ("dlambda", grad_or_zero(&x.lambda, x.lambda.grad(&grads))),
+        ],
+        state: out.state.map(|s| to_f64(&s.levels)),
+    }
+}
+
+/// The gradient of `x` as host values; an input that does not reach the output (g when T = 1
+/// and L = 1) has no gradient entry: its gradient is zero.
+fn grad_or_zero<const D: usize>(x: &Tensor<D>, g: Option<Tensor<D>>) -> Vec<f64> {
+    g.map(|t| to_f64(&t))
+        .unwrap_or_else(|| vec![0.0; x.shape().num_elements()])
 }
 
 /// `len` values drawn uniformly from `[-1, 1)` with `seed`.

@@ -20,9 +20,14 @@
 //! and [`log_linear_attn`]), one file per form, `state.rs` ([`FenwickState`] and the state math the
 //! parallel and chunked forms share: reading an initial state, building the final one),
 //! `tensor.rs` (small tensor helpers), `random.rs` (random inputs for tests and benchmarks).
+//!
+//! [`gdn`] is the Gated DeltaNet variant of the op (spec §5): the same three forms, the same
+//! Fenwick state, with the delta-rule transition `a_t (I − β_t k_t k_tᵀ)` in place of the scalar
+//! decay.
 
 mod chunked;
 mod dispatch;
+pub mod gdn;
 mod input;
 mod parallel;
 mod random;
@@ -39,5 +44,6 @@ pub use parallel::parallel;
 pub use recurrent::{recurrent, recurrent_step};
 pub use state::FenwickState;
 
+pub(crate) use recurrent::{carry, read_out, with_level0};
 pub(crate) use state::{final_state, initial_state_output};
 pub(crate) use tensor::{float_tensor, heads_first, int_tensor, pad_zeros, zeros_as};

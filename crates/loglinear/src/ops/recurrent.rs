@@ -75,29 +75,56 @@ pub fn recurrent_step(
         lambda.dims(),
         state.levels.dims()
     );
-    let mut levels = state.levels.clone();
-    let m = fenwick::carry_levels(t);
-    if m > 0 {
-        let folded = levels.clone().narrow(2, 0, m + 1).sum_dim(2); // [B, H, 1, N, P]
-        let mut parts = vec![zeros_as(&levels, [b, h, m, n, p]), folded];
-        if m + 1 < l {
-            parts.push(levels.narrow(2, m + 1, l - m - 1));
-        }
-        levels = Tensor::cat(parts, 2);
-    }
-    levels = levels * g.exp().reshape([b, h, 1, 1, 1]);
+    let levels = carry(state.levels.clone(), t) * g.exp().reshape([b, h, 1, 1, 1]);
     let kv = k.unsqueeze_dim::<4>(3).matmul(v.unsqueeze_dim(2)); // [B, H, N, P]
-    levels = if l > 1 {
+    let levels = with_level0(levels, kv);
+    let o = read_out(&levels, q, lambda);
+    state.levels = levels;
+    state.position = t + 1;
+    o
+}
+
+/// Step 1 of the recurrence before token `t` is inserted: levels `0..m` fold into level `m`
+/// (`m` = [`fenwick::carry_levels`]`(t)`), emptying them.
+///
+/// # Shapes
+/// `levels: [B, H, L, N, P]` → `[B, H, L, N, P]`.
+pub(crate) fn carry(levels: Tensor<5>, t: usize) -> Tensor<5> {
+    let [b, h, l, n, p] = levels.dims();
+    let m = fenwick::carry_levels(t);
+    if m == 0 {
+        return levels;
+    }
+    let folded = levels.clone().narrow(2, 0, m + 1).sum_dim(2); // [B, H, 1, N, P]
+    let mut parts = vec![zeros_as(&levels, [b, h, m, n, p]), folded];
+    if m + 1 < l {
+        parts.push(levels.narrow(2, m + 1, l - m - 1));
+    }
+    Tensor::cat(parts, 2)
+}
+
+/// Replaces level 0 (emptied by the carry) with the new token's insertion `kv`.
+///
+/// # Shapes
+/// `levels: [B, H, L, N, P]`, `kv: [B, H, N, P]` → `[B, H, L, N, P]`.
+pub(crate) fn with_level0(levels: Tensor<5>, kv: Tensor<4>) -> Tensor<5> {
+    let l = levels.dims()[2];
+    if l > 1 {
         Tensor::cat(vec![kv.unsqueeze_dim(2), levels.narrow(2, 1, l - 1)], 2)
     } else {
         kv.unsqueeze_dim(2)
-    };
+    }
+}
+
+/// Step 4 of the recurrence: `o = qᵀ Σ_ℓ λ_ℓ S^(ℓ)`.
+///
+/// # Shapes
+/// `levels: [B, H, L, N, P]`, `q: [B, H, N]`, `lambda: [B, H, L]` → `[B, H, P]`.
+pub(crate) fn read_out(levels: &Tensor<5>, q: Tensor<3>, lambda: Tensor<3>) -> Tensor<3> {
+    let [b, h, l, n, p] = levels.dims();
     let mixed = lambda
         .unsqueeze_dim::<4>(2)
         .matmul(levels.clone().reshape([b, h, l, n * p])) // [B, H, 1, N·P]
         .reshape([b, h, n, p]);
-    let o = q.unsqueeze_dim::<4>(2).matmul(mixed).reshape([b, h, p]);
-    state.levels = levels;
-    state.position = t + 1;
-    o
+    q.unsqueeze_dim::<4>(2).matmul(mixed).reshape([b, h, p])
 }
