@@ -7,9 +7,9 @@ use anyhow::{Result, bail};
 use burn::prelude::*;
 use burn::tensor::{DType, TensorData};
 use loglinear::fenwick::num_levels;
+use loglinear::host::{HostInput, closeness};
 use loglinear::nn::{LambdaMode, LmConfig, MixerConfig, TransformerConfig};
 use loglinear::ops::{Dims, FenwickState, Form, LogLinearInput, log_linear_attn};
-use loglinear::host::{HostInput, closeness};
 
 /// Appends `text` to the report and prints it at once, so a run cut short by a time limit still
 /// shows every figure it measured.
@@ -73,6 +73,18 @@ pub struct OpBench {
     pub lambda_one: bool,
     /// Forms to time (`Chunked` with `chunk`, `Fused`).
     pub forms: Vec<Form>,
+    /// Which op: log-linear Mamba-2 (with fused kernels) or log-linear Gated DeltaNet (the
+    /// chunked tensor form only: there are no Gated DeltaNet kernels).
+    pub variant: OpVariant,
+}
+
+/// The op `bench op` times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpVariant {
+    /// Log-linear Mamba-2 (`log_linear_attn`).
+    Mamba2,
+    /// Log-linear Gated DeltaNet (`gdn_attn`).
+    Gdn,
 }
 
 /// Parses `chunked` / `fused` / `parallel` into a [`Form`] (chunked with `chunk`).
@@ -276,6 +288,9 @@ pub fn chunked_flops(b: usize, t: usize, h: usize, n: usize, p: usize, chunk: us
 
 /// Runs `bench op`: correctness first, then forward and forward+backward medians per T.
 pub fn bench_op(cfg: &OpBench, device: &Device) -> Result<String> {
+    if cfg.variant == OpVariant::Gdn {
+        return bench_gdn_op(cfg, device);
+    }
     let tol = if matches!(cfg.dtype, DType::F32 | DType::F64) {
         1e-3
     } else {
@@ -568,7 +583,13 @@ fn lm_bench_config(
 }
 
 /// `[batch, seq_len]` token ids drawn from `seed` (the same on every device).
-fn random_tokens(batch: usize, seq_len: usize, vocab: usize, seed: u64, device: &Device) -> Tensor<2, Int> {
+fn random_tokens(
+    batch: usize,
+    seq_len: usize,
+    vocab: usize,
+    seed: u64,
+    device: &Device,
+) -> Tensor<2, Int> {
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let ids: Vec<i64> = (0..batch * seq_len)
@@ -585,7 +606,11 @@ fn loss_curve(cfg: &crate::config::ExperimentConfig, steps: usize, device: &Devi
     let mut model = Model::new(cfg, &ad);
     let mut optim = crate::train::optimizer(&cfg.train);
     let form = cfg.model.form();
-    let (b, t, v) = (cfg.train.batch_size, cfg.task.seq_len(), cfg.task.vocab_size());
+    let (b, t, v) = (
+        cfg.train.batch_size,
+        cfg.task.seq_len(),
+        cfg.task.vocab_size(),
+    );
     (0..steps)
         .map(|step| {
             let tokens = random_tokens(b, t + 1, v, step as u64, &ad);
@@ -606,14 +631,18 @@ fn loss_curve(cfg: &crate::config::ExperimentConfig, steps: usize, device: &Devi
 /// paths (fusion, autotuned kernels, the fused op) must not change what is computed.
 fn check_train_step(mode: &str, cfg: &TrainBench, device: &Device) -> Result<String> {
     const STEPS: usize = 8;
-    let small = |precision: &str, form: &str| lm_bench_config(mode, 128, 2, 128, 4, precision, form);
+    let small =
+        |precision: &str, form: &str| lm_bench_config(mode, 128, 2, 128, 4, precision, form);
     let here = loss_curve(&small(&cfg.precision, &cfg.form)?, STEPS, device);
     let reference = loss_curve(&small("full", "chunked")?, STEPS, &Device::flex());
     let worst = here
         .iter()
         .zip(&reference)
         .map(|(a, b)| ((a - b) / b).abs())
-        .fold(0.0f64, |m, x| if x.is_nan() { f64::INFINITY } else { m.max(x) });
+        .fold(
+            0.0f64,
+            |m, x| if x.is_nan() { f64::INFINITY } else { m.max(x) },
+        );
     // bf16 activations round to 2^-8 relative; the loss of a mean over 512 tokens keeps about
     // that, and 8 AdamW steps at lr 1e-3 barely amplify it. A wrong path (a missing gradient, a
     // fallback that computes something else) moves the loss by far more after a few steps.
@@ -673,7 +702,15 @@ pub fn bench_train(cfg: &TrainBench, device: &Device) -> Result<String> {
     let ad = device.clone().autodiff();
     for mode in &cfg.modes {
         let started = Instant::now();
-        let run_cfg = lm_bench_config(mode, d_model, layers, seq_len, batch, &cfg.precision, &cfg.form)?;
+        let run_cfg = lm_bench_config(
+            mode,
+            d_model,
+            layers,
+            seq_len,
+            batch,
+            &cfg.precision,
+            &cfg.form,
+        )?;
         let form = run_cfg.model.form();
         let mut model = Model::new(&run_cfg, &ad);
         let params = burn::module::Module::num_params(&model);
@@ -712,7 +749,10 @@ pub fn bench_train(cfg: &TrainBench, device: &Device) -> Result<String> {
             ),
         );
         if cfg.profile_steps > 0 {
-            emit(&mut out, &profile_steps(&mut step, cfg.profile_steps, ms, device)?);
+            emit(
+                &mut out,
+                &profile_steps(&mut step, cfg.profile_steps, ms, device)?,
+            );
         }
     }
     Ok(out)
@@ -720,7 +760,12 @@ pub fn bench_train(cfg: &TrainBench, device: &Device) -> Result<String> {
 
 /// Profiles `steps` calls of `step` kernel by kernel (GPU builds).
 #[cfg(feature = "persistence")]
-fn profile_steps(step: &mut impl FnMut(), steps: usize, wall_ms: f64, device: &Device) -> Result<String> {
+fn profile_steps(
+    step: &mut impl FnMut(),
+    steps: usize,
+    wall_ms: f64,
+    device: &Device,
+) -> Result<String> {
     device.sync().ok();
     let profile = crate::profile::KernelProfile::start();
     for _ in 0..steps {
@@ -733,4 +778,120 @@ fn profile_steps(step: &mut impl FnMut(), steps: usize, wall_ms: f64, device: &D
 #[cfg(not(feature = "persistence"))]
 fn profile_steps(_: &mut impl FnMut(), _: usize, _: f64, _: &Device) -> Result<String> {
     bail!("--profile needs a GPU build (`--features cuda`)")
+}
+
+/// Checks the Gated DeltaNet op in `form` on `device` in `dtype` against its f64 parallel form on
+/// the CPU (B = 2, T = 200 with a partial last chunk, H = 2), output and all six gradients;
+/// returns the worst max-relative error.
+pub fn check_gdn_op(device: &Device, form: Form, dtype: DType, n: usize, p: usize) -> Result<f64> {
+    use loglinear::ops::gdn::GdnInput;
+    use loglinear::testing::run_gdn_with_grads;
+    let dims = Dims {
+        b: 2,
+        t: 200,
+        h: 2,
+        n,
+        p,
+        l: num_levels(200),
+    };
+    let seed = fresh_seed();
+    let cpu = Device::flex().autodiff();
+    let x = GdnInput::random(dims, seed, DType::F64, &cpu);
+    let d_o = LogLinearInput::random(Dims { n: p, ..dims }, seed + 1, DType::F64, &cpu).q;
+    let reference = run_gdn_with_grads(&x, &d_o, Form::Parallel, None);
+    let ad = device.clone().autodiff();
+    let xd = GdnInput::random(dims, seed, dtype, &ad);
+    let dod = Tensor::<4>::from_data(d_o.to_data(), (&ad, dtype));
+    let got = run_gdn_with_grads(&xd, &dod, form, None);
+    let mut worst = closeness(&reference.o, &got.o).max_rel;
+    for ((name, r), (_, g)) in reference.grads.iter().zip(&got.grads) {
+        let c = closeness(r, g);
+        if c.non_finite || g.iter().all(|v| *v == 0.0) {
+            bail!("gdn {form} form on {device:?}: {name} is non-finite or zero (seed {seed})");
+        }
+        worst = worst.max(c.max_rel);
+    }
+    Ok(worst)
+}
+
+/// `bench op --variant gdn`: the Gated DeltaNet op's chunked form, checked first against the f64
+/// parallel form, then forward and forward+backward medians per T. Half-precision inputs are
+/// computed in f32 (the op's dispatch casts them), so the figures are the f32 tensor form's.
+fn bench_gdn_op(cfg: &OpBench, device: &Device) -> Result<String> {
+    use loglinear::ops::gdn::{GdnInput, gdn_attn};
+    let forms: Vec<Form> = cfg
+        .forms
+        .iter()
+        .map(|&f| match f {
+            Form::Chunked { .. } | Form::Parallel => Ok(f),
+            other => bail!(
+                "bench op --variant gdn: no {other} form for Gated DeltaNet (there are no fused \
+                 kernels): use --forms chunked"
+            ),
+        })
+        .collect::<Result<_>>()?;
+    let tol = if matches!(cfg.dtype, DType::F32 | DType::F64) {
+        1e-3
+    } else {
+        3e-2
+    };
+    let mut out = String::new();
+    for &form in &forms {
+        let err = check_gdn_op(device, form, cfg.dtype, cfg.n.min(64), cfg.p.min(96))?;
+        emit(
+            &mut out,
+            &format!(
+                "correctness: gdn {form} on {device:?} in {:?} vs f64 parallel on the CPU (B=2, \
+                 T=200, H=2): worst max-relative error over o and all gradients {err:.2e} \
+                 (tolerance {tol:.0e})\n",
+                cfg.dtype
+            ),
+        );
+        if err > tol {
+            bail!("correctness check failed; no timings taken");
+        }
+    }
+    emit(
+        &mut out,
+        &format!(
+            "\nlog-linear Gated DeltaNet: H={}, N={}, P={}, {:?} inputs (computed in f32 below \
+             f32), B×T = {}; median of {} runs after warm-up\n\n\
+             | form | T | B | fwd ms | fwd+bwd ms | fwd tokens/s | fwd+bwd tokens/s |\n\
+             |---|---|---|---|---|---|---|\n",
+            cfg.heads, cfg.n, cfg.p, cfg.dtype, cfg.tokens, cfg.runs
+        ),
+    );
+    for &t in &cfg.lengths {
+        let b = (cfg.tokens / t).max(1);
+        let dims = Dims {
+            b,
+            t,
+            h: cfg.heads,
+            n: cfg.n,
+            p: cfg.p,
+            l: num_levels(t),
+        };
+        for &form in &forms {
+            let x = GdnInput::random(dims, t as u64, cfg.dtype, device);
+            let fwd = time_ms(2, cfg.runs, device, || {
+                let _ = gdn_attn(&x, form, None, false).o;
+            });
+            let ad = device.clone().autodiff();
+            let xa = GdnInput::random(dims, t as u64, cfg.dtype, &ad).require_grad();
+            let bwd = time_ms(2, cfg.runs, device, || {
+                let o = gdn_attn(&xa, form, None, false).o;
+                let _ = o.sum().backward();
+            });
+            let tokens = (b * t) as f64;
+            emit(
+                &mut out,
+                &format!(
+                    "| {form} | {t} | {b} | {fwd:.2} | {bwd:.2} | {:.0} | {:.0} |\n",
+                    tokens / (fwd / 1e3),
+                    tokens / (bwd / 1e3)
+                ),
+            );
+        }
+    }
+    Ok(out)
 }

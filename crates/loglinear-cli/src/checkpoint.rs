@@ -298,9 +298,14 @@ pub fn load_tensors(path: &Path) -> Result<HashMap<String, TensorData>> {
         .into_iter()
         .map(|(name, view)| {
             if view.dtype() != safetensors::Dtype::F32 {
-                bail!("{}: tensor {name} is {:?}, expected F32", path.display(), view.dtype());
+                bail!(
+                    "{}: tensor {name} is {:?}, expected F32",
+                    path.display(),
+                    view.dtype()
+                );
             }
-            let data = TensorData::from_bytes_vec(view.data().to_vec(), view.shape().to_vec(), DType::F32);
+            let data =
+                TensorData::from_bytes_vec(view.data().to_vec(), view.shape().to_vec(), DType::F32);
             Ok((name, data))
         })
         .collect()

@@ -6,8 +6,8 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use loglinear::fenwick::num_levels;
 use loglinear::nn::{
-    ConfigError, LambdaConfig, LambdaMode, LmConfig, MixerConfig, Precision, SyntheticConfig,
-    TransformerConfig,
+    ConfigError, LambdaConfig, LambdaInit, LambdaMode, LmConfig, MixerConfig, Precision,
+    SyntheticConfig, TransformerConfig,
 };
 use loglinear::ops::{DEFAULT_CHUNK, Form};
 use serde::{Deserialize, Serialize};
@@ -91,6 +91,11 @@ pub struct ModelConfig {
     pub levels: Option<usize>,
     /// Hidden width of the λ-MLP.
     pub mlp_hidden: Option<usize>,
+    /// How the λ-MLP starts: `identity` (default; the init the paper describes, λ ≈ 1) or
+    /// `published` (what the published scripts ran: both weights `N(0, initializer_range²)`,
+    /// biases 0; spec §6.4.1). Read by the MLP λ modes only; the resolved config states it only
+    /// when it is `published`, so runs from before the key existed keep their identity.
+    pub lambda_init: Option<LambdaInit>,
     /// Model width.
     pub d_model: Option<usize>,
     /// Number of layers.
@@ -363,6 +368,11 @@ impl ExperimentConfig {
             r.lambda = bind(m.lambda, &mut c.mode);
             r.levels = bind(Some(self.levels()), &mut c.levels);
             r.mlp_hidden = bind(m.mlp_hidden, &mut c.mlp_hidden);
+            let reads_init = matches!(c.mode, LambdaMode::MlpSoftplus | LambdaMode::MlpSoftmax);
+            if reads_init {
+                bind(m.lambda_init, &mut c.init);
+            }
+            r.lambda_init = (c.init != LambdaInit::Identity).then_some(c.init);
             r.form = Some(m.form.unwrap_or_default());
             r.chunk = Some(m.chunk.unwrap_or(DEFAULT_CHUNK));
         };

@@ -117,9 +117,14 @@ enum BenchCommand {
         /// Also time λ ≡ 1.
         #[arg(long)]
         lambda_one: bool,
-        /// Forms to time: fused (the CubeCL kernels), chunked (the tensor form).
-        #[arg(long, value_delimiter = ',', default_value = "fused,chunked")]
-        forms: Vec<String>,
+        /// Forms to time: fused (the CubeCL kernels), chunked (the tensor form). Default:
+        /// fused,chunked for mamba2, chunked for gdn.
+        #[arg(long, value_delimiter = ',')]
+        forms: Option<Vec<String>>,
+        /// Which op: mamba2 (log-linear Mamba-2) or gdn (log-linear Gated DeltaNet, chunked form
+        /// only; the published shapes are --heads 6 --n 192 --p 384).
+        #[arg(long, default_value = "mamba2", value_parser = ["mamba2", "gdn"])]
+        variant: String,
         /// Device: cpu, cuda[:N] or wgpu.
         #[arg(long, default_value = "cpu")]
         device: String,
@@ -434,7 +439,8 @@ fn run_train_pack(args: TrainPackArgs) -> Result<()> {
             let text = std::fs::read_to_string(&point)
                 .with_context(|| format!("cannot read {}", point.display()))?;
             let config = loglinear_cli::config::typed(
-                toml::from_str(&text).with_context(|| format!("{} is not TOML", point.display()))?,
+                toml::from_str(&text)
+                    .with_context(|| format!("{} is not TOML", point.display()))?,
             )?;
             Ok(loglinear_cli::pack::PackRun {
                 config,
@@ -451,10 +457,18 @@ fn run_train_pack(args: TrainPackArgs) -> Result<()> {
     let failed: Vec<String> = runs
         .iter()
         .zip(&results)
-        .filter_map(|(r, res)| res.as_ref().err().map(|e| format!("{}: {e:#}", r.out.display())))
+        .filter_map(|(r, res)| {
+            res.as_ref()
+                .err()
+                .map(|e| format!("{}: {e:#}", r.out.display()))
+        })
         .collect();
     if !failed.is_empty() {
-        anyhow::bail!("{} runs of the pack failed: {}", failed.len(), failed.join("; "));
+        anyhow::bail!(
+            "{} runs of the pack failed: {}",
+            failed.len(),
+            failed.join("; ")
+        );
     }
     Ok(())
 }
@@ -511,9 +525,18 @@ fn run_bench(cmd: BenchCommand) -> Result<()> {
             runs,
             lambda_one,
             forms,
+            variant,
             device,
         } => {
+            let variant = match variant.as_str() {
+                "gdn" => bench::OpVariant::Gdn,
+                _ => bench::OpVariant::Mamba2,
+            };
             let forms = forms
+                .unwrap_or_else(|| match variant {
+                    bench::OpVariant::Gdn => vec!["chunked".into()],
+                    bench::OpVariant::Mamba2 => vec!["fused".into(), "chunked".into()],
+                })
                 .iter()
                 .map(|f| bench::parse_form(f, chunk))
                 .collect::<Result<Vec<_>>>()?;
@@ -528,6 +551,7 @@ fn run_bench(cmd: BenchCommand) -> Result<()> {
                 dtype: bench::parse_dtype(&dtype)?,
                 runs,
                 lambda_one,
+                variant,
             };
             bench::bench_op(&cfg, &parse_device(&device)?)?
         }

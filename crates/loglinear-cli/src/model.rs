@@ -1,7 +1,7 @@
 //! The networks a run can train, behind one type, and the masked next-token loss.
 
 use burn::prelude::*;
-use loglinear::nn::{cross_entropy_rows, LogLinearLm, SyntheticLm, TransformerLm};
+use loglinear::nn::{LogLinearLm, SyntheticLm, TransformerLm, cross_entropy_rows};
 
 use crate::config::{ExperimentConfig, Network};
 use crate::tasks::IGNORE;

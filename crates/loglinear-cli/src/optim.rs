@@ -179,7 +179,11 @@ impl Adam {
         step: &ReplicaStep,
     ) -> M {
         let r = self.hyper.len();
-        assert_eq!(step.lr.len(), r, "Adam::step_replicas: one learning rate per replica");
+        assert_eq!(
+            step.lr.len(),
+            r,
+            "Adam::step_replicas: one learning rate per replica"
+        );
         for (t, &active) in self.time.iter_mut().zip(&step.active) {
             if active {
                 *t += 1;
@@ -201,13 +205,20 @@ impl Adam {
     fn coefs(&self, step: &ReplicaStep, device: &Device) -> StepCoefs {
         let rows = self.replica_axis;
         let per = |f: &dyn Fn(usize, &Hyper) -> f32| -> Vec<f32> {
-            self.hyper.iter().enumerate().map(|(i, h)| f(i, h)).collect()
+            self.hyper
+                .iter()
+                .enumerate()
+                .map(|(i, h)| f(i, h))
+                .collect()
         };
         let coef = |values: Vec<f32>| Coef::new(&values, rows, device);
         // Bias corrections of a replica that sat out from the start stay finite (t ≥ 1).
         let t = |i: usize| self.time[i].max(1) as i32;
         let inactive = step.active.iter().any(|a| !a).then(|| {
-            let mask = TensorData::new(step.active.iter().map(|a| !a).collect::<Vec<_>>(), [step.active.len(), 1]);
+            let mask = TensorData::new(
+                step.active.iter().map(|a| !a).collect::<Vec<_>>(),
+                [step.active.len(), 1],
+            );
             Tensor::<2, Bool>::from_data(mask, device)
         });
         let scaled = step.grad_scale.iter().any(|&s| s != 1.0);
@@ -257,7 +268,10 @@ impl Adam {
             Some(s) => s.mul(g),
             None => g,
         };
-        let inactive = c.inactive.as_ref().map(|rows| rows.clone().expand(p.dims()));
+        let inactive = c
+            .inactive
+            .as_ref()
+            .map(|rows| rows.clone().expand(p.dims()));
         if let Some(rows) = &inactive {
             // Zero, not scaled: a replica that stopped on a NaN loss has NaN gradients.
             g = g.mask_fill(rows.clone(), 0.0);
@@ -270,8 +284,14 @@ impl Adam {
             v: p.zeros_like(),
         });
         // Burn's first step sets m = (1−β1)·g; 0·β1 + (1−β1)·g is the same number.
-        let m = c.beta1.mul(old.m.clone()).add(c.one_minus_beta1.mul(g.clone()));
-        let v = c.beta2.mul(old.v.clone()).add(c.one_minus_beta2.mul(g.square()));
+        let m = c
+            .beta1
+            .mul(old.m.clone())
+            .add(c.one_minus_beta1.mul(g.clone()));
+        let v = c
+            .beta2
+            .mul(old.v.clone())
+            .add(c.one_minus_beta2.mul(g.square()));
         let delta = if self.hyper[0].decoupled {
             // AdamW: (m/(1−β1ᵗ)) / (√(v/(1−β2ᵗ)) + ε).
             c.numerator
@@ -310,7 +330,10 @@ impl Adam {
             for (name, t) in [("m", &moments.m), ("v", &moments.v)] {
                 let row = t.clone().narrow(0, r, 1).into_data();
                 let values: Vec<f32> = row.convert::<f32>().try_to_vec::<f32>().expect("f32 state");
-                out.push((format!("{name}.{path}"), TensorData::new(values, shape.clone())));
+                out.push((
+                    format!("{name}.{path}"),
+                    TensorData::new(values, shape.clone()),
+                ));
             }
         }
         out
@@ -319,7 +342,11 @@ impl Adam {
     /// Sets the state of every replica: `states[r]` as written by [`Adam::replica_state`] (its
     /// step count set with [`Adam::set_time`]), or `None` for a replica starting afresh.
     pub fn load_state(&mut self, states: &[Option<HashMap<String, TensorData>>], device: &Device) {
-        assert_eq!(states.len(), self.hyper.len(), "Adam::load_state: one state per replica");
+        assert_eq!(
+            states.len(),
+            self.hyper.len(),
+            "Adam::load_state: one state per replica"
+        );
         let mut paths: Vec<String> = states
             .iter()
             .flatten()
@@ -341,7 +368,12 @@ impl Adam {
                 let mut values = Vec::with_capacity(n * states.len());
                 for s in states {
                     match s.as_ref().and_then(|s| s.get(&format!("{name}.{path}"))) {
-                        Some(d) => values.extend(d.clone().convert::<f32>().try_to_vec::<f32>().expect("f32 state")),
+                        Some(d) => values.extend(
+                            d.clone()
+                                .convert::<f32>()
+                                .try_to_vec::<f32>()
+                                .expect("f32 state"),
+                        ),
                         None => values.extend(std::iter::repeat_n(0.0f32, n)),
                     }
                 }
@@ -410,7 +442,11 @@ impl ModuleMapper for Mapper<'_> {
 
 /// The global gradient norm of each replica of a pack: `grads` of `model`, whose parameters
 /// carry a leading axis of `replicas` (the norm `train::clip_global_norm` computes for one run).
-pub fn replica_grad_norms<M: Module>(model: &M, grads: &GradientsParams, replicas: usize) -> Vec<f64> {
+pub fn replica_grad_norms<M: Module>(
+    model: &M,
+    grads: &GradientsParams,
+    replicas: usize,
+) -> Vec<f64> {
     struct Squares<'a> {
         grads: &'a GradientsParams,
         rows: Vec<Tensor<2>>,
@@ -420,7 +456,8 @@ pub fn replica_grad_norms<M: Module>(model: &M, grads: &GradientsParams, replica
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
             if let Some(g) = self.grads.get::<D>(param.id) {
                 let n = g.shape().num_elements() / self.replicas;
-                self.rows.push(g.reshape([self.replicas, n]).square().sum_dim(1));
+                self.rows
+                    .push(g.reshape([self.replicas, n]).square().sum_dim(1));
             }
         }
     }
@@ -462,6 +499,7 @@ mod tests {
                     mode: LambdaMode::MlpSoftplus,
                     levels: 5,
                     mlp_hidden: 3,
+                    init: loglinear::nn::LambdaInit::Identity,
                 },
             )
         }
@@ -469,9 +507,13 @@ mod tests {
     }
 
     fn loss(m: &SyntheticLm, step: usize, device: &Device) -> Tensor<1> {
-        let ids: Vec<i64> = (0..2 * 9).map(|i| ((i * 7 + step * 3) % 11) as i64).collect();
+        let ids: Vec<i64> = (0..2 * 9)
+            .map(|i| ((i * 7 + step * 3) % 11) as i64)
+            .collect();
         let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [2, 9]), device);
-        let logits = m.run(tokens, loglinear::Form::Chunked { chunk: 4 }, false).0;
+        let logits = m
+            .run(tokens, loglinear::Form::Chunked { chunk: 4 }, false)
+            .0;
         (logits.clone() * logits.sin()).sum()
     }
 
@@ -479,7 +521,8 @@ mod tests {
         struct All(Vec<f32>);
         impl ModuleVisitor for All {
             fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
-                self.0.extend(p.val().into_data().convert::<f32>().iter::<f32>());
+                self.0
+                    .extend(p.val().into_data().convert::<f32>().iter::<f32>());
             }
         }
         let mut all = All(Vec::new());
@@ -494,7 +537,11 @@ mod tests {
         let device = Device::flex().autodiff();
         for decoupled in [false, true] {
             let cfg = TrainConfig {
-                optimizer: if decoupled { OptimizerName::Adamw } else { OptimizerName::Adam },
+                optimizer: if decoupled {
+                    OptimizerName::Adamw
+                } else {
+                    OptimizerName::Adam
+                },
                 weight_decay: 0.05,
                 beta1: 0.8,
                 beta2: 0.95,
@@ -525,8 +572,15 @@ mod tests {
                 let gb = GradientsParams::from_grads(loss(&b, step, &device).backward(), &b);
                 b = burn_optim.step(lr, b, gb);
                 let (pa, pb) = (params(&a), params(&b));
-                let worst = pa.iter().zip(&pb).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
-                assert!(worst <= 1e-7, "decoupled {decoupled}, step {step}: differs by {worst:e}");
+                let worst = pa
+                    .iter()
+                    .zip(&pb)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0.0f32, f32::max);
+                assert!(
+                    worst <= 1e-7,
+                    "decoupled {decoupled}, step {step}: differs by {worst:e}"
+                );
                 assert!(pa != params(&model(&device)), "the weights moved");
             }
         }
@@ -537,8 +591,11 @@ mod tests {
     #[test]
     fn an_inactive_replica_keeps_weights_and_state() {
         let device = Device::flex().autodiff();
-        let w = Tensor::<2>::from_data(TensorData::new(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2]), &device)
-            .require_grad();
+        let w = Tensor::<2>::from_data(
+            TensorData::new(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2]),
+            &device,
+        )
+        .require_grad();
         let p = Param::from_tensor(w);
         #[derive(Module, Debug)]
         struct One {
@@ -546,7 +603,10 @@ mod tests {
         }
         let mut m = One { w: p };
         let mut optim = Adam::new(vec![Hyper::of(&TrainConfig::default()); 2], true);
-        let nan = Tensor::<2>::from_data(TensorData::new(vec![1.0f32, 1.0, f32::NAN, 1.0], [2, 2]), &device);
+        let nan = Tensor::<2>::from_data(
+            TensorData::new(vec![1.0f32, 1.0, f32::NAN, 1.0], [2, 2]),
+            &device,
+        );
         let grads = GradientsParams::from_grads((m.w.val() * nan).sum().backward(), &m);
         let step = ReplicaStep {
             lr: vec![0.1, 0.1],
@@ -554,11 +614,26 @@ mod tests {
             active: vec![true, false],
         };
         m = optim.step_replicas(m, grads, &step);
-        let after: Vec<f32> = m.w.val().into_data().convert::<f32>().iter::<f32>().collect();
-        assert_eq!(&after[2..], &[3.0, 4.0], "the inactive replica is untouched");
-        assert!(after[0] < 1.0 && after[1] < 2.0, "the active replica moved: {after:?}");
+        let after: Vec<f32> =
+            m.w.val()
+                .into_data()
+                .convert::<f32>()
+                .iter::<f32>()
+                .collect();
+        assert_eq!(
+            &after[2..],
+            &[3.0, 4.0],
+            "the inactive replica is untouched"
+        );
+        assert!(
+            after[0] < 1.0 && after[1] < 2.0,
+            "the active replica moved: {after:?}"
+        );
         assert_eq!(optim.time(), &[1, 0]);
         let state = optim.replica_state(1);
-        assert!(state.iter().all(|(_, d)| d.iter::<f32>().all(|x| x == 0.0)), "its moments stay zero");
+        assert!(
+            state.iter().all(|(_, d)| d.iter::<f32>().all(|x| x == 0.0)),
+            "its moments stay zero"
+        );
     }
 }

@@ -126,9 +126,10 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
     for run in runs {
         let cfg = run.config.resolved()?;
         prepare_folder(&cfg, &run.out)?;
-        let pool_key = json!({"task": &cfg.task, "seed": cfg.seed, "train": cfg.train.train_examples,
+        let pool_key =
+            json!({"task": &cfg.task, "seed": cfg.seed, "train": cfg.train.train_examples,
             "eval": [cfg.eval.examples, cfg.eval.seed_offset], "test": cfg.eval.test_seq_len})
-        .to_string();
+            .to_string();
         let data = match pools.get(&pool_key) {
             Some(d) => d.clone(),
             None => {
@@ -172,7 +173,10 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
     let params = models[0].num_params();
     let mut packed = PackedSyntheticLm::stack(&models);
     drop(models);
-    let hyper: Vec<Hyper> = replicas.iter().map(|r| Hyper::of(&r.run.config.train)).collect();
+    let hyper: Vec<Hyper> = replicas
+        .iter()
+        .map(|r| Hyper::of(&r.run.config.train))
+        .collect();
     let mut optim = Adam::new(hyper, true);
     optim.load_state(&optim_states, &device);
     for (i, r) in replicas.iter().enumerate() {
@@ -182,7 +186,11 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
     let cfg0 = replicas[0].run.config.clone();
     let (b, t) = (cfg0.train.batch_size, cfg0.task.seq_len());
     let form = cfg0.model.form();
-    let total_steps = replicas.iter().map(|r| r.run.config.train.steps).max().unwrap_or(0);
+    let total_steps = replicas
+        .iter()
+        .map(|r| r.run.config.train.steps)
+        .max()
+        .unwrap_or(0);
     let bar = progress_bar(
         opts.progress,
         total_steps,
@@ -242,7 +250,11 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
                         .map_or(0, |s| s.step),
                     checkpoint::checkpoint_root(&r.run.out).display()
                 ));
-                eprintln!("{}: {}", r.run.out.display(), r.failed.as_deref().unwrap_or(""));
+                eprintln!(
+                    "{}: {}",
+                    r.run.out.display(),
+                    r.failed.as_deref().unwrap_or("")
+                );
             }
         }
         let active: Vec<bool> = replicas.iter().map(|r| r.active).collect();
@@ -302,7 +314,8 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
                 let e = eval[i];
                 let test = test.as_ref().map(|t| t[i]);
                 r.last = (e.acc, e.loss);
-                let mut line = json!({"step": r.state.step, "eval_acc": e.acc, "eval_loss": e.loss});
+                let mut line =
+                    json!({"step": r.state.step, "eval_acc": e.acc, "eval_loss": e.loss});
                 if let Some(test) = test {
                     line["test_acc"] = json!(test.acc);
                     line["test_loss"] = json!(test.loss);
@@ -344,7 +357,13 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
             }
             if done {
                 r.active = false;
-                let summary = summarise(cfg, &r.run.out, &r.state, params, started.elapsed().as_secs_f64())?;
+                let summary = summarise(
+                    cfg,
+                    &r.run.out,
+                    &r.state,
+                    params,
+                    started.elapsed().as_secs_f64(),
+                )?;
                 checkpoint::write_atomic(
                     &r.run.out.join("summary.json"),
                     &serde_json::to_vec_pretty(&summary)?,
@@ -357,7 +376,10 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
             .map(|r| r.last.0)
             .filter(|a| a.is_finite())
             .fold(f64::NAN, f64::max);
-        bar.set_message(format!("{running} of {n} training, best acc {}", fmt_acc(best)));
+        bar.set_message(format!(
+            "{running} of {n} training, best acc {}",
+            fmt_acc(best)
+        ));
         bar.set_position(replicas.iter().map(|r| r.state.step).max().unwrap_or(0) as u64);
     }
     bar.finish();
@@ -395,7 +417,11 @@ fn replica_model(packed: &PackedSyntheticLm, i: usize) -> Model {
 }
 
 /// Inputs and targets of training step `step` on the host, as `RunData::train_batch` draws them.
-fn host_train_batch(data: &RunData, cfg: &ExperimentConfig, step: usize) -> Result<(Vec<i64>, Vec<i64>)> {
+fn host_train_batch(
+    data: &RunData,
+    cfg: &ExperimentConfig,
+    step: usize,
+) -> Result<(Vec<i64>, Vec<i64>)> {
     match data {
         RunData::Pools { train, .. } => {
             let indices = sample_batch(cfg.seed, step, train.len(), cfg.train.batch_size);
@@ -411,7 +437,11 @@ fn host_train_batch(data: &RunData, cfg: &ExperimentConfig, step: usize) -> Resu
 ///
 /// # Shapes
 /// `logits: [R, B, T, V]`, `targets: [R, B, T]` → `[R]`.
-fn replica_cross_entropy(logits: Tensor<4>, targets: Tensor<3, Int>, scored: &[usize]) -> Tensor<1> {
+fn replica_cross_entropy(
+    logits: Tensor<4>,
+    targets: Tensor<3, Int>,
+    scored: &[usize],
+) -> Tensor<1> {
     let [r, b, t, v] = logits.dims();
     let device = logits.device();
     let targets = targets.reshape([r * b * t]);
@@ -436,7 +466,8 @@ fn evaluate_pack(
         .iter()
         .map(|r| match &*r.data {
             RunData::Pools { eval, test: t, .. } => Ok(if test {
-                t.as_deref().expect("a test pool where a test length is set")
+                t.as_deref()
+                    .expect("a test pool where a test length is set")
             } else {
                 eval.as_slice()
             }),
@@ -447,7 +478,10 @@ fn evaluate_pack(
     let form = cfg.model.form();
     let examples = pools[0].len();
     if let Some(p) = pools.iter().find(|p| p.len() != examples) {
-        bail!("evaluation pools of a pack differ in size ({} and {examples})", p.len());
+        bail!(
+            "evaluation pools of a pack differ in size ({} and {examples})",
+            p.len()
+        );
     }
     let n = replicas.len();
     let mut acc: Vec<Accumulator> = (0..n).map(|_| Accumulator::default()).collect();
@@ -459,14 +493,19 @@ fn evaluate_pack(
             .iter()
             .flat_map(|b| b.inputs.iter().map(|&x| x as i64))
             .collect();
-        let target_values: Vec<i64> = batches.iter().flat_map(|b| b.targets.iter().copied()).collect();
+        let target_values: Vec<i64> = batches
+            .iter()
+            .flat_map(|b| b.targets.iter().copied())
+            .collect();
         let scored: Vec<usize> = batches
             .iter()
             .map(|b| b.targets.iter().filter(|&&v| v != IGNORE).count())
             .collect();
         let inputs = Tensor::<3, Int>::from_data(TensorData::new(inputs, [n, rows, t]), device);
-        let targets =
-            Tensor::<3, Int>::from_data(TensorData::new(target_values.clone(), [n, rows, t]), device);
+        let targets = Tensor::<3, Int>::from_data(
+            TensorData::new(target_values.clone(), [n, rows, t]),
+            device,
+        );
         let logits = packed.run(inputs, form);
         let predictions: Vec<u32> = logits
             .clone()
@@ -510,9 +549,15 @@ pub fn measure_replica_bytes(cfg: &ExperimentConfig, device: &Device) -> Result<
         .collect::<Result<_>>()?;
     let params = models[0].num_params() as u64;
     let packed = PackedSyntheticLm::stack(&models);
-    let (b, t, v) = (cfg.train.batch_size, cfg.task.seq_len(), cfg.task.vocab_size());
+    let (b, t, v) = (
+        cfg.train.batch_size,
+        cfg.task.seq_len(),
+        cfg.task.vocab_size(),
+    );
     let mut rng = rand::rngs::StdRng::seed_from_u64(0);
-    let ids: Vec<i64> = (0..2 * b * t).map(|_| rng.random_range(0..v as i64)).collect();
+    let ids: Vec<i64> = (0..2 * b * t)
+        .map(|_| rng.random_range(0..v as i64))
+        .collect();
     let tokens = Tensor::<3, Int>::from_data(TensorData::new(ids, [2, b, t]), &ad);
     let logits = packed.run(tokens.clone(), cfg.model.form());
     let loss = replica_cross_entropy(logits, tokens, &[b * t, b * t]).sum();

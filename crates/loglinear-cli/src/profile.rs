@@ -11,10 +11,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 // On native targets CubeCL's `Instant` is the standard library's.
-use std::time::Instant;
 use cubecl::logging::{
     Duration, LaunchObservation, LaunchObserver, ProfileDuration, TimingMethod, TimingRequest,
 };
+use std::time::Instant;
 
 /// One launch's measurement as it arrives: unread (the normal case) or already a length.
 enum Measured {
@@ -134,7 +134,10 @@ impl KernelProfile {
         }
         if !windows.is_empty() {
             let first = windows.iter().map(|w| w.0).fold(f64::INFINITY, f64::min);
-            let last = windows.iter().map(|w| w.1).fold(f64::NEG_INFINITY, f64::max);
+            let last = windows
+                .iter()
+                .map(|w| w.1)
+                .fold(f64::NEG_INFINITY, f64::max);
             report.span_ms = Some((last - first) * 1e3);
         }
         report
@@ -172,7 +175,15 @@ pub fn family(kernel: &str) -> &'static str {
         "fused element-wise"
     } else if has(&["cast"]) {
         "casts"
-    } else if has(&["copy", "contiguous", "slice", "cat", "permute", "transpose", "reshape"]) {
+    } else if has(&[
+        "copy",
+        "contiguous",
+        "slice",
+        "cat",
+        "permute",
+        "transpose",
+        "reshape",
+    ]) {
         "copies / layout"
     } else if has(&["random", "fill", "zeros", "ones", "arange"]) {
         "fills"
@@ -220,7 +231,10 @@ impl ProfileReport {
             );
         }
         if self.unmeasured > 0 {
-            out += &format!("({} launches came back without a measurement)\n", self.unmeasured);
+            out += &format!(
+                "({} launches came back without a measurement)\n",
+                self.unmeasured
+            );
         }
         let mut kernels: Vec<_> = self.kernels.iter().collect();
         kernels.sort_by(|a, b| b.1.ms.total_cmp(&a.1.ms));
@@ -249,8 +263,14 @@ mod tests {
             family("loglinear::kernels::tensor_core::causal_tc_kernel<f32>"),
             "log-linear op (fused kernels)"
         );
-        assert_eq!(family("cubek_matmul::kernels::layered::MatmulKernel"), "matmul");
-        assert_eq!(family("burn_cubecl::kernel::reduce::ReduceKernel"), "reductions");
+        assert_eq!(
+            family("cubek_matmul::kernels::layered::MatmulKernel"),
+            "matmul"
+        );
+        assert_eq!(
+            family("burn_cubecl::kernel::reduce::ReduceKernel"),
+            "reductions"
+        );
         assert_eq!(family("something_unknown"), "other");
         assert_eq!(short_name("a::b::c<d::e>"), "c<d::e>");
     }

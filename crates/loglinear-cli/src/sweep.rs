@@ -147,7 +147,9 @@ pub fn run_sweep(file: &ConfigFile, out: &Path, opts: &SweepOptions) -> Result<V
                 progress: opts.progress,
                 stop_after: None,
             };
-            for ((_, name, _, _), result) in pack.iter().zip(crate::pack::train_pack(&runs, &pack_opts)?) {
+            for ((_, name, _, _), result) in
+                pack.iter().zip(crate::pack::train_pack(&runs, &pack_opts)?)
+            {
                 if let Err(e) = result {
                     eprintln!("{name}: FAILED: {e:#}");
                     failed.push(name.clone());
@@ -200,7 +202,10 @@ fn default_pack_size(todo: &[Todo], device: &Device) -> Result<usize> {
         "packing: one replica takes {:.0} MiB in a training step; device memory {}; up to {size} runs per pack \
          (--pack N to choose)",
         per_replica as f64 / (1u64 << 20) as f64,
-        capacity.map_or("unknown".to_string(), |c| format!("{:.0} GiB", c as f64 / (1u64 << 30) as f64))
+        capacity.map_or("unknown".to_string(), |c| format!(
+            "{:.0} GiB",
+            c as f64 / (1u64 << 30) as f64
+        ))
     );
     Ok(size)
 }
@@ -245,7 +250,10 @@ fn run_children(packs: Vec<Vec<Todo>>, total: usize, device: &str, jobs: usize) 
             for (_, _, dir, config) in &pack {
                 fs::create_dir_all(dir)?;
                 let point = dir.join("point.toml");
-                crate::checkpoint::write_atomic(&point, toml::to_string_pretty(config)?.as_bytes())?;
+                crate::checkpoint::write_atomic(
+                    &point,
+                    toml::to_string_pretty(config)?.as_bytes(),
+                )?;
             }
             let (i, name, dir, _) = &pack[0];
             let log = fs::File::create(dir.join("train.log"))?;

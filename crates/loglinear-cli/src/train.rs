@@ -629,7 +629,12 @@ pub fn read_metrics(path: &Path) -> Result<Vec<serde_json::Value>> {
         .collect()
 }
 
-pub(crate) fn progress_bar(show: bool, total: usize, pos: usize, name: &str) -> indicatif::ProgressBar {
+pub(crate) fn progress_bar(
+    show: bool,
+    total: usize,
+    pos: usize,
+    name: &str,
+) -> indicatif::ProgressBar {
     if !show {
         return indicatif::ProgressBar::hidden();
     }

@@ -4,7 +4,7 @@
 use burn::prelude::*;
 use burn::tensor::DType;
 use loglinear::ops::Form;
-use loglinear_cli::bench::{OpBench, bench_op, parse_form};
+use loglinear_cli::bench::{OpBench, OpVariant, bench_op, parse_form};
 
 #[test]
 fn bench_op_checks_then_times_each_form_on_the_cpu() {
@@ -22,6 +22,7 @@ fn bench_op_checks_then_times_each_form_on_the_cpu() {
             parse_form("fused", 16).unwrap(),
             parse_form("chunked", 16).unwrap(),
         ],
+        variant: OpVariant::Mamba2,
     };
     let report = bench_op(&cfg, &Device::flex()).unwrap();
     assert!(report.contains("correctness: fused"), "{report}");
@@ -35,4 +36,34 @@ fn bench_op_checks_then_times_each_form_on_the_cpu() {
     }
     assert!(parse_form("fast", 16).is_err());
     assert_eq!(parse_form("parallel", 16).unwrap(), Form::Parallel);
+}
+
+/// The Gated DeltaNet op: its chunked form checked against its f64 parallel form (T = 200, a
+/// partial last chunk), then one row per length; the fused form is refused by name.
+#[test]
+fn bench_op_gdn_checks_then_times_the_chunked_form() {
+    let mut cfg = OpBench {
+        lengths: vec![32, 70],
+        tokens: 140,
+        heads: 2,
+        n: 8,
+        p: 12,
+        chunk: 16,
+        dtype: DType::F32,
+        runs: 1,
+        lambda_one: false,
+        forms: vec![parse_form("chunked", 16).unwrap()],
+        variant: OpVariant::Gdn,
+    };
+    let report = bench_op(&cfg, &Device::flex()).unwrap();
+    assert!(
+        report.contains("correctness: gdn chunked(C=16)"),
+        "{report}"
+    );
+    for row in ["| chunked(C=16) | 32 | 4 |", "| chunked(C=16) | 70 | 2 |"] {
+        assert!(report.contains(row), "missing {row:?} in\n{report}");
+    }
+    cfg.forms = vec![parse_form("fused", 16).unwrap()];
+    let err = bench_op(&cfg, &Device::flex()).unwrap_err().to_string();
+    assert!(err.contains("no fused form for Gated DeltaNet"), "{err}");
 }

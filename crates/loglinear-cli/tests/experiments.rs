@@ -292,6 +292,40 @@ fn absent_model_keys_take_the_library_defaults() {
     );
 }
 
+/// `model.lambda_init`: `published` reaches the λ config of the MLP modes and is stated in the
+/// resolved config; `identity` (the default) is not written out, so older run folders keep their
+/// identity; the linear mode does not read the key.
+#[test]
+fn lambda_init_reaches_the_mlp_modes_only() {
+    use loglinear::nn::{LambdaInit, LambdaMode};
+    use loglinear_cli::config::Network;
+    let lambda_of = |sets: &[&str]| {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let c = ConfigFile::parse(TINY, &sets).unwrap().config().unwrap();
+        let Network::PaperSynthetic(m) = c.network().unwrap() else {
+            panic!("TINY is a synthetic-task config")
+        };
+        (m.lambda, c.resolved().unwrap().model.lambda_init)
+    };
+    let (l, stated) = lambda_of(&["model.lambda=mlp_softplus", "model.lambda_init=published"]);
+    assert_eq!(
+        (l.mode, l.init, stated),
+        (
+            LambdaMode::MlpSoftplus,
+            LambdaInit::Published,
+            Some(LambdaInit::Published)
+        )
+    );
+    let (l, stated) = lambda_of(&["model.lambda=mlp_softmax", "model.lambda_init=identity"]);
+    assert_eq!((l.init, stated), (LambdaInit::Identity, None));
+    let (l, stated) = lambda_of(&["model.lambda=linear", "model.lambda_init=published"]);
+    assert_eq!((l.init, stated), (LambdaInit::Identity, None));
+    let err = ConfigFile::parse(TINY, &["model.lambda_init=xavier".to_string()])
+        .and_then(|f| f.config())
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("lambda_init"), "{err:#}");
+}
+
 /// A run killed with SIGKILL and resumed continues from its last checkpoint and ends with
 /// exactly the metrics (losses, gradient norms, accuracies at every step) of a run that never
 /// stopped.

@@ -92,7 +92,13 @@ fn runs(dir: &Path) -> Vec<PathBuf> {
 fn assert_same_metrics(a: &Path, b: &Path, tol: f64) {
     let read = |p: &Path| read_metrics(&p.join("metrics.jsonl")).unwrap();
     let (ma, mb) = (read(a), read(b));
-    assert_eq!(ma.len(), mb.len(), "{} and {}: metric lines", a.display(), b.display());
+    assert_eq!(
+        ma.len(),
+        mb.len(),
+        "{} and {}: metric lines",
+        a.display(),
+        b.display()
+    );
     for (la, lb) in ma.iter().zip(&mb) {
         let (oa, ob) = (la.as_object().unwrap(), lb.as_object().unwrap());
         let keys = |o: &serde_json::Map<String, serde_json::Value>| {
@@ -100,7 +106,12 @@ fn assert_same_metrics(a: &Path, b: &Path, tol: f64) {
             k.sort();
             k
         };
-        assert_eq!(keys(oa), keys(ob), "{}: fields of {la} and {lb}", a.display());
+        assert_eq!(
+            keys(oa),
+            keys(ob),
+            "{}: fields of {la} and {lb}",
+            a.display()
+        );
         for k in keys(oa) {
             let (x, y) = (oa[&k].as_f64().unwrap(), ob[&k].as_f64().unwrap());
             assert!(
@@ -147,7 +158,10 @@ fn a_pack_trains_each_run_as_it_would_train_alone() {
         // accuracy.
         assert!(p.join("best/model.safetensors").exists() && p.join("checkpoints/latest").exists());
     }
-    assert!(early >= 1, "at least one run stopped early while the others ran on");
+    assert!(
+        early >= 1,
+        "at least one run stopped early while the others ran on"
+    );
     // `eval` reads a packed run's best weights as it reads any run's: the accuracy it finds is
     // the run's best held-out accuracy.
     // Packs as child processes (`--jobs`): the same runs again.
@@ -166,12 +180,22 @@ fn a_pack_trains_each_run_as_it_would_train_alone() {
     }
     let first = &packed_runs[0];
     let out = bin().arg("eval").arg(first).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let best: serde_json::Value =
         serde_json::from_slice(&fs::read(first.join("summary.json")).unwrap()).unwrap();
-    let shown = format!("accuracy {:.2}%", 100.0 * best["best_acc"].as_f64().unwrap());
+    let shown = format!(
+        "accuracy {:.2}%",
+        100.0 * best["best_acc"].as_f64().unwrap()
+    );
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains(&shown), "eval printed {text}; the run's best: {shown}");
+    assert!(
+        text.contains(&shown),
+        "eval printed {text}; the run's best: {shown}"
+    );
 }
 
 #[test]
@@ -219,7 +243,11 @@ fn a_killed_pack_resumes_to_the_metrics_of_one_that_was_not() {
         resumed_from.iter().all(|&s| (30..200).contains(&s)),
         "killed mid-way: checkpoints at {resumed_from:?}"
     );
-    assert!(runs(&killed).iter().all(|r| !r.join("summary.json").exists()));
+    assert!(
+        runs(&killed)
+            .iter()
+            .all(|r| !r.join("summary.json").exists())
+    );
     let log = sweep(&config, &killed, 4);
     assert!(log.contains("pack 1/1: 4 runs share one process"), "{log}");
     for (a, b) in runs(&whole).iter().zip(&runs(&killed)) {
@@ -234,12 +262,19 @@ fn an_array_override_narrows_a_swept_key() {
     use loglinear_cli::config::ConfigFile;
     let narrowed = ConfigFile::parse(
         SWEEP,
-        &["model.lambda=[\"mlp_softmax\"]".into(), "seed=[4, 3, 5]".into()],
+        &[
+            "model.lambda=[\"mlp_softmax\"]".into(),
+            "seed=[4, 3, 5]".into(),
+        ],
     )
     .unwrap();
     let points = narrowed.expand().unwrap();
     assert_eq!(points.len(), 3 * 2 * 2);
-    assert!(points.iter().all(|(_, c)| c.model.lambda().name() == "mlp_softmax"));
+    assert!(
+        points
+            .iter()
+            .all(|(_, c)| c.model.lambda().name() == "mlp_softmax")
+    );
     let seeds: std::collections::BTreeSet<u64> = points.iter().map(|(_, c)| c.seed).collect();
     assert_eq!(seeds.into_iter().collect::<Vec<_>>(), vec![3, 4, 5]);
     let pinned = ConfigFile::parse(SWEEP, &["seed=7".into()]).unwrap();

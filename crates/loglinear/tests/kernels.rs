@@ -252,7 +252,9 @@ fn cross_entropy_kernels_match_the_definition() {
     ] {
         let mut rng = seed.wrapping_add(rows as u64 * 31 + vocab as u64);
         let mut next = || {
-            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (rng >> 33) as i64
         };
         let mut targets: Vec<i64> = (0..rows).map(|_| next() % vocab as i64).collect();
@@ -268,15 +270,23 @@ fn cross_entropy_kernels_match_the_definition() {
             let nll = f(x.clone(), targets.clone());
             let grads = (nll.clone() * weights.clone()).sum().backward();
             let dx = x.grad(&grads).expect("a gradient for the logits");
-            let host = |t: Tensor<1>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
-            let host2 = |t: Tensor<2>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+            let host = |t: Tensor<1>| -> Vec<f64> {
+                t.into_data().convert::<f64>().iter::<f64>().collect()
+            };
+            let host2 = |t: Tensor<2>| -> Vec<f64> {
+                t.into_data().convert::<f64>().iter::<f64>().collect()
+            };
             (host(nll.detach()), host2(dx))
         };
         let (nll, dx) = run(&|x, t| cross_entropy_rows(x, t));
         let (want_nll, want_dx) = run(&|x, t| reference_cross_entropy_rows(x, t));
         let worst = |a: &[f64], b: &[f64]| {
             let scale = b.iter().fold(1e-12f64, |m, v| m.max(v.abs()));
-            a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / scale
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f64::max)
+                / scale
         };
         let (e_nll, e_dx) = (worst(&nll, &want_nll), worst(&dx, &want_dx));
         assert!(

@@ -39,13 +39,23 @@ fn embed_is_the_embedding_lookup_and_its_gradient() {
         let x = table.clone().detach().require_grad();
         let out = f(x.clone());
         let grads = (out.clone() * w.clone()).sum().backward();
-        (host(out.detach()), host(x.grad(&grads).expect("a gradient")))
+        (
+            host(out.detach()),
+            host(x.grad(&grads).expect("a gradient")),
+        )
     };
     let (ours, d_ours) = run(&|x| embed(x, ids.clone()));
     let (burn, d_burn) = run(&|x| burn::tensor::module::embedding(x, ids.clone()));
     assert_eq!(ours, burn, "the same rows");
-    let worst = d_ours.iter().zip(&d_burn).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-    assert!(worst <= 1e-6, "seed {seed}: table gradients differ by {worst:e}");
+    let worst = d_ours
+        .iter()
+        .zip(&d_burn)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        worst <= 1e-6,
+        "seed {seed}: table gradients differ by {worst:e}"
+    );
     assert!(d_ours.iter().any(|g| *g != 0.0));
 }
 
@@ -59,13 +69,22 @@ fn cross_entropy_rows_is_minus_log_softmax_at_the_target() {
     let nll = host(cross_entropy_rows(logits.clone(), targets.clone()));
     // By hand: logsumexp(x) − x[target], in f64 from the same logits.
     let x = host(logits.clone());
-    let t: Vec<i64> = targets.clone().into_data().convert::<i64>().iter::<i64>().collect();
+    let t: Vec<i64> = targets
+        .clone()
+        .into_data()
+        .convert::<i64>()
+        .iter::<i64>()
+        .collect();
     for r in 0..rows {
         let row = &x[r * v..(r + 1) * v];
         let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let lse = m + row.iter().map(|y| (y - m).exp()).sum::<f64>().ln();
         let want = lse - row[t[r] as usize];
-        assert!((nll[r] - want).abs() <= 1e-5 * want.abs().max(1.0), "row {r}: {} vs {want}", nll[r]);
+        assert!(
+            (nll[r] - want).abs() <= 1e-5 * want.abs().max(1.0),
+            "row {r}: {} vs {want}",
+            nll[r]
+        );
     }
     // On the CPU the public function is the reference, bit for bit.
     assert_eq!(nll, host(reference_cross_entropy_rows(logits, targets)));

@@ -35,6 +35,7 @@ fn small_mixer(mode: LambdaMode, groups: usize, levels: usize) -> MixerConfig {
             mode,
             levels,
             mlp_hidden: 5,
+            init: loglinear::nn::LambdaInit::Identity,
         },
         ..MixerConfig::new(8)
     }
@@ -211,6 +212,7 @@ fn tiny_lm(mode: LambdaMode, levels: usize) -> LmConfig {
                 mode,
                 levels,
                 mlp_hidden: 16,
+                init: loglinear::nn::LambdaInit::Identity,
             },
             ..MixerConfig::new(32)
         },
@@ -414,6 +416,7 @@ fn synthetic_model_parameter_counts_match_the_spec() {
             mode: LambdaMode::Linear,
             levels: l,
             mlp_hidden: 64,
+            init: loglinear::nn::LambdaInit::Identity,
         };
         let fixed = SyntheticConfig::new(128, lambda.clone())
             .init(0, &dev())
@@ -515,6 +518,7 @@ fn bf16_mixed_precision_tracks_full_precision() {
                     mode: LambdaMode::MlpSoftplus,
                     levels: 8,
                     mlp_hidden: 16,
+                    init: loglinear::nn::LambdaInit::Identity,
                 };
                 let mut cfg = SyntheticConfig::new(50, lambda);
                 (cfg.d_model, cfg.d_state, cfg.head_dim) = (32, 16, 16);
@@ -587,6 +591,7 @@ fn synthetic_model_lambda_mlp_is_identity_at_init() {
             mode,
             levels,
             mlp_hidden: 64,
+            init: loglinear::nn::LambdaInit::Identity,
         };
         // the paper's setting: d = 64, 2 layers, N = P = 64
         let model = SyntheticConfig::new(128, lambda).init(3, &dev());
@@ -606,6 +611,86 @@ fn synthetic_model_lambda_mlp_is_identity_at_init() {
             }
         }
     }
+}
+
+/// `LambdaInit::Published` reproduces what the published scripts ran (spec §6.4.1): the λ-MLP's
+/// weights redrawn `N(0, 0.02²)` with zero biases, so softplus λ starts near ln 2 (not ≈ 1) and
+/// varies a little with the input through random cross-level weights; softmax λ starts near
+/// 1/L, not exactly at it. The linear mode does not read the key.
+#[test]
+fn published_lambda_init_starts_near_ln2_with_random_cross_level_weights() {
+    use loglinear::nn::{LambdaInit, SyntheticConfig};
+    let t = 40;
+    let levels = num_levels(t);
+    for (mode, centre) in [
+        (LambdaMode::MlpSoftplus, std::f64::consts::LN_2),
+        (LambdaMode::MlpSoftmax, 1.0 / levels as f64),
+    ] {
+        let lambda = LambdaConfig {
+            mode,
+            levels,
+            mlp_hidden: 64,
+            init: LambdaInit::Published,
+        };
+        let model = SyntheticConfig::new(128, lambda).init(3, &dev());
+        let mlp = model.layers[0]
+            .lambda
+            .mlp
+            .as_ref()
+            .expect("an MLP mode has an MLP");
+        for (name, values, zero) in [
+            ("w1", to_f64(&mlp.w1.val()), false),
+            ("w2", to_f64(&mlp.w2.val()), false),
+            ("b1", to_f64(&mlp.b1.val()), true),
+            ("b2", to_f64(&mlp.b2.val()), true),
+        ] {
+            let n = values.len() as f64;
+            let mean = values.iter().sum::<f64>() / n;
+            let std = (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt();
+            if zero {
+                assert!(
+                    values.iter().all(|v| *v == 0.0),
+                    "{mode}: {name} is not zero"
+                );
+            } else {
+                assert!(
+                    (std - 0.02).abs() < 0.004,
+                    "{mode}: {name} has std {std}, expected 0.02"
+                );
+                assert!(mean.abs() < 0.004, "{mode}: {name} has mean {mean}");
+            }
+        }
+        let (_, trace) = model.run(
+            random_tokens(2, t, 128, 5),
+            Form::Chunked { chunk: 16 },
+            true,
+        );
+        let values = to_f64(&trace[0]);
+        let (lo, hi) = values
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+        assert!(
+            (lo - centre).abs() < 0.01 * centre && (hi - centre).abs() < 0.01 * centre,
+            "{mode}: λ in [{lo}, {hi}] at init, expected within 1 % of {centre}"
+        );
+        assert!(
+            hi > lo,
+            "{mode}: λ is constant at init: the cross-level weights are not random"
+        );
+    }
+    // The linear mode has no MLP: the key changes nothing.
+    let linear = |init| LambdaConfig {
+        mode: LambdaMode::Linear,
+        levels,
+        mlp_hidden: 64,
+        init,
+    };
+    let a = SyntheticConfig::new(128, linear(LambdaInit::Identity)).init(3, &dev());
+    let b = SyntheticConfig::new(128, linear(LambdaInit::Published)).init(3, &dev());
+    let tokens = random_tokens(1, t, 128, 6);
+    let (la, _) = a.run(tokens.clone(), Form::Chunked { chunk: 16 }, false);
+    let (lb, _) = b.run(tokens, Form::Chunked { chunk: 16 }, false);
+    assert_eq!(to_f64(&la), to_f64(&lb));
 }
 
 /// A float parameter of a model, for finite differences.
@@ -766,6 +851,7 @@ fn lambda_mlp_dl_a_log_and_dt_bias_get_finite_difference_gradients() {
             mode: LambdaMode::MlpSoftplus,
             levels: num_levels(t),
             mlp_hidden: 16,
+            init: loglinear::nn::LambdaInit::Identity,
         },
     );
     (cfg.d_model, cfg.d_state, cfg.head_dim, cfg.heads) = (16, 8, 8, 2);

@@ -6,7 +6,9 @@
 use burn::module::{ModuleMapper, Param};
 use burn::prelude::*;
 use burn::tensor::TensorData;
-use loglinear::nn::{LambdaConfig, LambdaMode, PackedSyntheticLm, SyntheticConfig, SyntheticLm, packable};
+use loglinear::nn::{
+    LambdaConfig, LambdaMode, PackedSyntheticLm, SyntheticConfig, SyntheticLm, packable,
+};
 use loglinear::ops::Form;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -38,6 +40,7 @@ fn config(mode: LambdaMode) -> SyntheticConfig {
             mode,
             levels: 6,
             mlp_hidden: 5,
+            init: loglinear::nn::LambdaInit::Identity,
         },
         initializer_range: 0.3,
         precision: Default::default(),
@@ -56,7 +59,11 @@ impl ModuleMapper for Perturb {
             .collect();
         let noise = Tensor::<D>::from_data(TensorData::new(noise, shape), &self.1);
         let value = (tensor + noise).detach();
-        let value = if value.is_autodiff() { value.require_grad() } else { value };
+        let value = if value.is_autodiff() {
+            value.require_grad()
+        } else {
+            value
+        };
         Param::from_mapped_value(id, value, mapper)
     }
 }
@@ -67,7 +74,10 @@ fn models(modes: &[LambdaMode], seed: u64, device: &Device) -> Vec<SyntheticLm> 
         .enumerate()
         .map(|(r, &mode)| {
             let model = config(mode).init(seed + r as u64, device);
-            model.map(&mut Perturb(StdRng::seed_from_u64(seed ^ (r as u64 + 7)), device.clone()))
+            model.map(&mut Perturb(
+                StdRng::seed_from_u64(seed ^ (r as u64 + 7)),
+                device.clone(),
+            ))
         })
         .collect()
 }
@@ -79,7 +89,10 @@ fn tokens(r: usize, b: usize, t: usize, seed: u64, device: &Device) -> Tensor<3,
 }
 
 fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-    t.into_data().convert::<f32>().try_to_vec::<f32>().expect("f32 values")
+    t.into_data()
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .expect("f32 values")
 }
 
 fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
@@ -101,9 +114,19 @@ fn pack_logits_are_each_models_logits() {
     let device = Device::flex();
     let seed = seed();
     for (modes, t) in [
-        (vec![LambdaMode::MlpSoftplus, LambdaMode::MlpSoftmax, LambdaMode::MlpSoftplus], 7),
+        (
+            vec![
+                LambdaMode::MlpSoftplus,
+                LambdaMode::MlpSoftmax,
+                LambdaMode::MlpSoftplus,
+            ],
+            7,
+        ),
         (vec![LambdaMode::Linear, LambdaMode::Linear], 13),
-        (vec![LambdaMode::Ones, LambdaMode::Ones, LambdaMode::Ones], 1),
+        (
+            vec![LambdaMode::Ones, LambdaMode::Ones, LambdaMode::Ones],
+            1,
+        ),
         (vec![LambdaMode::MlpSoftmax], 9),
     ] {
         let ms = models(&modes, seed, &device);
@@ -113,12 +136,30 @@ fn pack_logits_are_each_models_logits() {
         let logits = pack.run(x.clone(), form);
         assert_eq!(logits.dims(), [modes.len(), 3, t, 19]);
         for (r, m) in ms.iter().enumerate() {
-            let own = m.run(x.clone().narrow(0, r, 1).squeeze_dim(0), form, false).0;
+            let own = m
+                .run(x.clone().narrow(0, r, 1).squeeze_dim(0), form, false)
+                .0;
             let packed = logits.clone().narrow(0, r, 1).squeeze_dim::<3>(0);
-            assert_close(&format!("{modes:?} T={t} replica {r} logits"), &values(packed), &values(own), 1e-5);
+            assert_close(
+                &format!("{modes:?} T={t} replica {r} logits"),
+                &values(packed),
+                &values(own),
+                1e-5,
+            );
             // Unpacking gives the model back.
-            let back = pack.replica(r).run(x.clone().narrow(0, r, 1).squeeze_dim(0), form, false).0;
-            assert_close(&format!("replica {r} unpacked"), &values(back), &values(m.run(x.clone().narrow(0, r, 1).squeeze_dim(0), form, false).0), 0.0);
+            let back = pack
+                .replica(r)
+                .run(x.clone().narrow(0, r, 1).squeeze_dim(0), form, false)
+                .0;
+            assert_close(
+                &format!("replica {r} unpacked"),
+                &values(back),
+                &values(
+                    m.run(x.clone().narrow(0, r, 1).squeeze_dim(0), form, false)
+                        .0,
+                ),
+                0.0,
+            );
         }
     }
 }
@@ -128,19 +169,29 @@ fn pack_logits_are_each_models_logits() {
 fn pack_gradients_are_each_models_gradients() {
     let device = Device::flex().autodiff();
     let seed = seed();
-    let modes = [LambdaMode::MlpSoftplus, LambdaMode::MlpSoftmax, LambdaMode::MlpSoftplus];
+    let modes = [
+        LambdaMode::MlpSoftplus,
+        LambdaMode::MlpSoftmax,
+        LambdaMode::MlpSoftplus,
+    ];
     let (r, b, t) = (modes.len(), 2, 11);
     let ms = models(&modes, seed, &device);
     let pack = PackedSyntheticLm::stack(&ms);
     let x = tokens(r, b, t, seed, &device);
     let mut rng = StdRng::seed_from_u64(seed ^ 99);
-    let w: Vec<f32> = (0..r * b * t * 19).map(|_| rng.sample(StandardNormal)).collect();
+    let w: Vec<f32> = (0..r * b * t * 19)
+        .map(|_| rng.sample(StandardNormal))
+        .collect();
     let w = Tensor::<4>::from_data(TensorData::new(w, [r, b, t, 19]), &device);
     let form = Form::Chunked { chunk: 4 };
     let grads = (pack.run(x.clone(), form) * w.clone()).sum().backward();
 
     // Every parameter of the pack, in visiting order, against the same parameter of each model.
-    struct Collect<'a>(&'a burn::tensor::Gradients, Vec<(String, Vec<usize>, Vec<f32>)>, Vec<String>);
+    struct Collect<'a>(
+        &'a burn::tensor::Gradients,
+        Vec<(String, Vec<usize>, Vec<f32>)>,
+        Vec<String>,
+    );
     impl burn::module::ModuleVisitor for Collect<'_> {
         fn enter_module(&mut self, name: &str, _: &str) {
             self.2.push(name.to_string());
@@ -149,15 +200,24 @@ fn pack_gradients_are_each_models_gradients() {
             self.2.pop();
         }
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            let g = param.val().grad(self.0).unwrap_or_else(|| panic!("{}: no gradient (require_grad {})", self.2.join("."), param.val().is_require_grad()));
-            self.1.push((self.2.join("."), g.dims().to_vec(), values(g)));
+            let g = param.val().grad(self.0).unwrap_or_else(|| {
+                panic!(
+                    "{}: no gradient (require_grad {})",
+                    self.2.join("."),
+                    param.val().is_require_grad()
+                )
+            });
+            self.1
+                .push((self.2.join("."), g.dims().to_vec(), values(g)));
         }
     }
     let mut packed = Collect(&grads, Vec::new(), Vec::new());
     pack.visit(&mut packed);
     assert!(packed.1.len() >= 20, "the pack has every parameter");
     for (i, m) in ms.iter().enumerate() {
-        let own_grads = (m.run(x.clone().narrow(0, i, 1).squeeze_dim(0), form, false).0
+        let own_grads = (m
+            .run(x.clone().narrow(0, i, 1).squeeze_dim(0), form, false)
+            .0
             * w.clone().narrow(0, i, 1).squeeze_dim::<3>(0))
         .sum()
         .backward();
@@ -165,10 +225,16 @@ fn pack_gradients_are_each_models_gradients() {
         m.visit(&mut own);
         assert_eq!(own.1.len(), packed.1.len(), "same parameters");
         for ((path, dims, g), (own_path, _, want)) in packed.1.iter().zip(&own.1) {
-            assert_eq!(path, own_path, "parameters in the same order under the same names");
+            assert_eq!(
+                path, own_path,
+                "parameters in the same order under the same names"
+            );
             let per = g.len() / dims[0];
             let slice = &g[i * per..(i + 1) * per];
-            assert!(want.iter().any(|v| *v != 0.0), "{path}: a non-zero gradient to compare");
+            assert!(
+                want.iter().any(|v| *v != 0.0),
+                "{path}: a non-zero gradient to compare"
+            );
             assert_close(&format!("replica {i} d{path}"), slice, want, 2e-5);
         }
     }
@@ -181,6 +247,16 @@ fn packable_names_what_differs() {
     b.d_model = 16;
     assert!(packable(&[a.clone(), b]).unwrap_err().contains("d_model"));
     let c = config(LambdaMode::MlpSoftplus);
-    assert!(packable(&[a.clone(), c]).unwrap_err().contains("lambda.mode"));
-    assert!(packable(&[config(LambdaMode::MlpSoftmax), config(LambdaMode::MlpSoftplus)]).is_ok());
+    assert!(
+        packable(&[a.clone(), c])
+            .unwrap_err()
+            .contains("lambda.mode")
+    );
+    assert!(
+        packable(&[
+            config(LambdaMode::MlpSoftmax),
+            config(LambdaMode::MlpSoftplus)
+        ])
+        .is_ok()
+    );
 }

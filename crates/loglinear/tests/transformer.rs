@@ -7,9 +7,9 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::TensorData;
 use burn::tensor::activation::softmax;
+use loglinear::host::to_f64;
 use loglinear::nn::transformer::{Affine, CausalSelfAttention};
 use loglinear::nn::{TransformerConfig, TransformerLm};
-use loglinear::host::to_f64;
 use loglinear::testing::{assert_close, perturbed, uniform_values};
 
 fn dev() -> Device {

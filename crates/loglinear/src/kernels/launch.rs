@@ -721,7 +721,12 @@ pub fn cross_entropy(logits: CubeTensor, targets: CubeTensor) -> (CubeTensor, Cu
     let [rows, vocab] = logits.meta.shape().dims::<2>();
     let (client, device) = (logits.client.clone(), logits.device.clone());
     let column = || {
-        empty_device_contiguous_dtype(client.clone(), device.clone(), Shape::new([rows]), DType::F32)
+        empty_device_contiguous_dtype(
+            client.clone(),
+            device.clone(),
+            Shape::new([rows]),
+            DType::F32,
+        )
     };
     let (nll, lse) = (column(), column());
     if rows > 0 {
@@ -755,7 +760,8 @@ pub fn cross_entropy_backward(
 ) -> CubeTensor {
     let [rows, vocab] = logits.meta.shape().dims::<2>();
     let (client, device, dtype) = (logits.client.clone(), logits.device.clone(), logits.dtype);
-    let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([rows, vocab]), dtype);
+    let out =
+        empty_device_contiguous_dtype(client.clone(), device, Shape::new([rows, vocab]), dtype);
     if rows > 0 {
         ce_backward_kernel::launch(
             &client,
@@ -768,7 +774,10 @@ pub fn cross_entropy_backward(
             out.clone().into_tensor_arg(),
             rows,
             vocab,
-            [dtype_to_storage_type(dtype), dtype_to_storage_type(targets.dtype)],
+            [
+                dtype_to_storage_type(dtype),
+                dtype_to_storage_type(targets.dtype),
+            ],
         );
     }
     out

@@ -72,6 +72,31 @@ impl std::str::FromStr for LambdaMode {
 /// Bias of the softplus head at init: `softplus(0.54) = 0.99916…`, so λ starts at ≈ 1.
 pub const SOFTPLUS_INIT_BIAS: f64 = 0.54;
 
+/// How the λ-MLP's weights start (the linear mode's scale `L` starts at 1 either way).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LambdaInit {
+    /// The init the adaptive-decay paper describes: `W1` Xavier-uniform, `b1 = 0`, `W2 = 0`,
+    /// `b2 = 0.54` (softplus: λ ≡ 0.99916 at step 0) or `0` (softmax: λ ≡ 1/L).
+    #[default]
+    Identity,
+    /// What the published scripts ran (spec §6.4.1): their global re-init redrew every linear
+    /// layer of the λ-MLP, so `W1` and `W2` are `N(0, σ²)` with σ the model's
+    /// `initializer_range` (0.02 in the synthetic-task scripts) and `b1 = b2 = 0`. At step 0
+    /// softplus λ ≈ ln 2 ≈ 0.693 with small random cross-level terms, softmax λ ≈ 1/L with noise.
+    Published,
+}
+
+impl LambdaInit {
+    /// The config name (`identity`, `published`).
+    pub fn name(self) -> &'static str {
+        match self {
+            LambdaInit::Identity => "identity",
+            LambdaInit::Published => "published",
+        }
+    }
+}
+
 /// λ configuration.
 #[derive(Config, Debug, PartialEq)]
 pub struct LambdaConfig {
@@ -84,6 +109,9 @@ pub struct LambdaConfig {
     /// Hidden width of the λ-MLP (64 in the paper).
     #[config(default = 64)]
     pub mlp_hidden: usize,
+    /// How the λ-MLP starts ([`LambdaInit`]); the MLP modes only.
+    #[config(default = "LambdaInit::Identity")]
+    pub init: LambdaInit,
 }
 
 impl LambdaConfig {
@@ -96,9 +124,10 @@ impl LambdaConfig {
 /// `λ = head(W2 · gelu(W1 · dl + b1) + b2)` applied to every (batch, token, head) vector;
 /// weights are shared across heads and tokens.
 ///
-/// Init: `W1` Xavier-uniform, `b1 = 0`, `W2 = 0`, `b2` = 0.54 (softplus) or 0 (softmax). This
-/// init is set here and nothing re-initialises it later (the published runs lost it to a global
-/// re-init, spec §6.4).
+/// Init ([`LambdaInit::Identity`]): `W1` Xavier-uniform, `b1 = 0`, `W2 = 0`, `b2` = 0.54
+/// (softplus) or 0 (softmax). This init is set here and nothing re-initialises it later (the
+/// published runs lost it to a global re-init, spec §6.4; [`LambdaInit::Published`] reproduces
+/// what they ran instead).
 #[derive(Module, Debug)]
 pub struct LambdaMlp {
     /// `[L, hidden]`.
@@ -112,7 +141,7 @@ pub struct LambdaMlp {
 }
 
 impl LambdaMlp {
-    /// The documented init for `mode` (an MLP mode).
+    /// The documented init for `mode` (an MLP mode): [`LambdaInit::Identity`].
     pub fn new(init: &mut Init, levels: usize, hidden: usize, mode: LambdaMode) -> Self {
         let bound = (6.0 / (levels + hidden) as f64).sqrt();
         let b2 = match mode {
@@ -124,6 +153,17 @@ impl LambdaMlp {
             b1: init.constant([hidden], 0.0),
             w2: init.constant([hidden, levels], 0.0),
             b2: init.constant([levels], b2),
+        }
+    }
+
+    /// The init the published runs ended up with ([`LambdaInit::Published`]): both weights
+    /// `N(0, std²)`, both biases 0, whatever the mode.
+    pub fn published(init: &mut Init, levels: usize, hidden: usize, std: f64) -> Self {
+        Self {
+            w1: init.normal([levels, hidden], std),
+            b1: init.constant([hidden], 0.0),
+            w2: init.normal([hidden, levels], std),
+            b2: init.constant([levels], 0.0),
         }
     }
 
@@ -160,16 +200,23 @@ pub struct LevelWeights {
 
 impl LevelWeights {
     /// Parameters for `mode` and nothing else (no dead parameters: the MLP modes have no `L`).
-    pub fn new(init: &mut Init, config: &LambdaConfig, heads: usize) -> Self {
+    /// `std` is the model's `initializer_range`, which [`LambdaInit::Published`] draws the
+    /// λ-MLP's weights with.
+    pub fn new(init: &mut Init, config: &LambdaConfig, heads: usize, std: f64) -> Self {
         let mode = config.mode;
         assert!(
             config.levels > 0,
             "LevelWeights: lambda needs at least one level"
         );
+        let (levels, hidden) = (config.levels, config.mlp_hidden);
         Self {
-            scale: (mode == LambdaMode::Linear).then(|| init.constant([heads, config.levels], 1.0)),
-            mlp: matches!(mode, LambdaMode::MlpSoftplus | LambdaMode::MlpSoftmax)
-                .then(|| LambdaMlp::new(init, config.levels, config.mlp_hidden, mode)),
+            scale: (mode == LambdaMode::Linear).then(|| init.constant([heads, levels], 1.0)),
+            mlp: matches!(mode, LambdaMode::MlpSoftplus | LambdaMode::MlpSoftmax).then(|| {
+                match config.init {
+                    LambdaInit::Identity => LambdaMlp::new(init, levels, hidden, mode),
+                    LambdaInit::Published => LambdaMlp::published(init, levels, hidden, std),
+                }
+            }),
             mode,
             heads,
             levels: config.levels,

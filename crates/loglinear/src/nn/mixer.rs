@@ -121,7 +121,7 @@ impl MixerConfig {
         }
         let (d, di, h) = (self.d_model, self.d_inner(), self.heads());
         let conv_dim = self.conv_dim();
-        let lambda = LevelWeights::new(init, &self.lambda, h);
+        let lambda = LevelWeights::new(init, &self.lambda, h, std);
         let in_width = di + conv_dim + h + lambda.dl_width();
         let in_proj = Dense::normal(init, d, in_width, std);
         let conv_weight = init.normal([conv_dim, self.conv_kernel], std);

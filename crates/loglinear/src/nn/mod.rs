@@ -12,8 +12,8 @@ pub mod transformer;
 
 pub use check::ConfigError;
 pub use init::Precision;
+pub use lambda::{LambdaConfig, LambdaInit, LambdaMlp, LambdaMode, LevelWeights};
 pub use loss::cross_entropy_rows;
-pub use lambda::{LambdaConfig, LambdaMlp, LambdaMode, LevelWeights};
 pub use mixer::{LogLinearMamba2, MixerConfig, MixerOutput, MixerState};
 pub use model::{LmConfig, LmOutput, LogLinearLm, ModelState};
 pub use packed::{PackedSyntheticLm, packable};

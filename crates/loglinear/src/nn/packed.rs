@@ -110,7 +110,10 @@ impl PackedLevelWeights {
             let scale = to_dtype(scale.val(), dl.dtype()).unsqueeze_dim::<4>(1);
             return softplus(dl * scale, 1.0);
         }
-        let mlp = self.mlp.as_ref().expect("PackedLevelWeights: an MLP or a scale");
+        let mlp = self
+            .mlp
+            .as_ref()
+            .expect("PackedLevelWeights: an MLP or a scale");
         let dt = dl.dtype();
         // Each replica's MLP over its [M·H, L] rows: one batched matmul per weight.
         let rows = dl.reshape([r, m * h, l]);
@@ -120,7 +123,11 @@ impl PackedLevelWeights {
         let logits = (hidden.matmul(to_dtype(mlp.w2.val(), dt))
             + to_dtype(mlp.b2.val(), dt).unsqueeze_dim(1))
         .reshape([r, m, h, l]);
-        let softplus_rows = self.modes.iter().filter(|&&m| m == LambdaMode::MlpSoftplus).count();
+        let softplus_rows = self
+            .modes
+            .iter()
+            .filter(|&&m| m == LambdaMode::MlpSoftplus)
+            .count();
         if softplus_rows == r {
             softplus(logits, 1.0)
         } else if softplus_rows == 0 {
@@ -189,7 +196,10 @@ fn stack<const D: usize, const D1: usize>(params: Vec<&Param<Tensor<D>>>) -> Par
     Param::from_tensor(Tensor::stack(values, 0).detach())
 }
 
-fn replica<const D1: usize, const D: usize>(param: &Param<Tensor<D1>>, r: usize) -> Param<Tensor<D>> {
+fn replica<const D1: usize, const D: usize>(
+    param: &Param<Tensor<D1>>,
+    r: usize,
+) -> Param<Tensor<D>> {
     Param::from_tensor(param.val().narrow(0, r, 1).squeeze_dim(0).detach())
 }
 
@@ -241,9 +251,15 @@ pub fn packable(configs: &[SyntheticConfig]) -> Result<(), String> {
             ("d_state", c.d_state == first.d_state),
             ("head_dim", c.head_dim == first.head_dim),
             ("lambda.levels", c.lambda.levels == first.lambda.levels),
-            ("lambda.mlp_hidden", c.lambda.mlp_hidden == first.lambda.mlp_hidden),
+            (
+                "lambda.mlp_hidden",
+                c.lambda.mlp_hidden == first.lambda.mlp_hidden,
+            ),
             ("precision", c.precision == first.precision),
-            ("lambda.mode (parameter layout)", layout(c.lambda.mode) == layout(first.lambda.mode)),
+            (
+                "lambda.mode (parameter layout)",
+                layout(c.lambda.mode) == layout(first.lambda.mode),
+            ),
         ];
         if let Some((name, _)) = checks.iter().find(|(_, same)| !same) {
             return Err(format!("the models differ in {name}"));
@@ -270,20 +286,25 @@ impl PackedSyntheticLm {
                     wq: stack_dense(ls.iter().map(|l| &l.wq).collect()),
                     wk: stack_dense(ls.iter().map(|l| &l.wk).collect()),
                     wv: stack_dense(ls.iter().map(|l| &l.wv).collect()),
-                    wdl: ls[0]
-                        .wdl
-                        .as_ref()
-                        .map(|_| stack_dense(ls.iter().map(|l| l.wdl.as_ref().expect("dl")).collect())),
+                    wdl: ls[0].wdl.as_ref().map(|_| {
+                        stack_dense(ls.iter().map(|l| l.wdl.as_ref().expect("dl")).collect())
+                    }),
                     wdt: stack_dense(ls.iter().map(|l| &l.wdt).collect()),
                     dt_bias: stack(ls.iter().map(|l| &l.dt_bias).collect()),
                     a_log: stack(ls.iter().map(|l| &l.a_log).collect()),
                     lambda: PackedLevelWeights {
                         scale: lambda0.scale.as_ref().map(|_| {
-                            stack(ls.iter().map(|l| l.lambda.scale.as_ref().expect("scale")).collect())
+                            stack(
+                                ls.iter()
+                                    .map(|l| l.lambda.scale.as_ref().expect("scale"))
+                                    .collect(),
+                            )
                         }),
                         mlp: lambda0.mlp.as_ref().map(|_| {
-                            let ms: Vec<&LambdaMlp> =
-                                ls.iter().map(|l| l.lambda.mlp.as_ref().expect("mlp")).collect();
+                            let ms: Vec<&LambdaMlp> = ls
+                                .iter()
+                                .map(|l| l.lambda.mlp.as_ref().expect("mlp"))
+                                .collect();
                             PackedLambdaMlp {
                                 w1: stack(ms.iter().map(|m| &m.w1).collect()),
                                 b1: stack(ms.iter().map(|m| &m.b1).collect()),
@@ -376,8 +397,8 @@ impl PackedSyntheticLm {
         let acc = wide(dtype);
         // One lookup in the replicas' tables laid end to end: token x of replica r is row
         // r·V + x.
-        let offsets = Tensor::<1, Int>::arange(0..r as i64, &tokens.device()).reshape([r, 1, 1])
-            * v as i64;
+        let offsets =
+            Tensor::<1, Int>::arange(0..r as i64, &tokens.device()).reshape([r, 1, 1]) * v as i64;
         let rows = (tokens + offsets).reshape([r * b, t]);
         let embedded = super::init::embed(table.reshape([r * v, d]), rows);
         let mut x = to_dtype(embedded.reshape([r, m, d]), dtype);
@@ -387,7 +408,11 @@ impl PackedSyntheticLm {
                     + to_dtype(layer.dt_bias.val(), acc).unsqueeze_dim(1),
                 1.0,
             );
-            let g = delta * to_dtype(layer.a_log.val(), acc).exp().neg().unsqueeze_dim(1);
+            let g = delta
+                * to_dtype(layer.a_log.val(), acc)
+                    .exp()
+                    .neg()
+                    .unsqueeze_dim(1);
             let dl = layer.wdl.as_ref().map(|w| w.forward(x.clone()));
             let lambda = layer.lambda.forward(dl, &g);
             let l = lambda.dims()[3];

@@ -79,7 +79,7 @@ impl SyntheticConfig {
         let embedding = init.normal([v, d], std);
         let layers = (0..self.n_layers)
             .map(|_| {
-                let lambda = LevelWeights::new(&mut init, &self.lambda, h);
+                let lambda = LevelWeights::new(&mut init, &self.lambda, h, std);
                 let dl = (lambda.dl_width() > 0)
                     .then(|| Dense::normal(&mut init, d, lambda.dl_width(), std));
                 let dt_bias = init.dt_bias(h, 1e-3, 1e-1, 1e-4);
