@@ -3,7 +3,7 @@
 #   smoke | profile | op-vec | op-pad | op-nopad | profile-fwd | commands | kernels | op | op-tc | op-final | op-check | train-fused | train-forms | commands-lm | op-fused | op-chunks | op-long | op-chunked | train | train-short
 #   | train-long | train-32k | decode
 #   | mqar-timing | train-cold:LEVEL | train-modes:LEVEL:T:B | pack-alone | pack-grid:STEPS
-#   | sweep:CONFIG:JOBS[:SET,SET...] | lm-eval:NAME
+#   | sweep:CONFIG:JOBS[:SET,SET...] | lm-eval:NAME | op-gdn | cache-save
 # bin-gpu/loglinear.xz is built by scripts/build-gpu.sh and carried over; results go to $OUT.
 set -uo pipefail
 export CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
@@ -12,6 +12,13 @@ out=${OUT:-/tmp/out}
 # Compiled kernels persist across the processes of this call (see src/kernel_cache.rs).
 export LOGLINEAR_KERNEL_CACHE=${LOGLINEAR_KERNEL_CACHE:-/tmp/loglinear-kernel-cache}
 mkdir -p "$out"
+# A kernel cache brought back by `cache-save` from an earlier machine (bin-gpu/kernel-cache.tar.xz,
+# carried with the binary) spares a fresh machine its first-process compilation; the cold-start
+# steps (train-cold:*) use their own empty cache folders.
+if [[ -f bin-gpu/kernel-cache.tar.xz && ! -d $LOGLINEAR_KERNEL_CACHE ]]; then
+    mkdir -p "$LOGLINEAR_KERNEL_CACHE" && tar xJf bin-gpu/kernel-cache.tar.xz -C "$LOGLINEAR_KERNEL_CACHE"
+    echo "kernel cache restored: $(du -sh "$LOGLINEAR_KERNEL_CACHE" | cut -f1)"
+fi
 bin=/tmp/loglinear
 [[ -x $bin ]] || { xz -dc bin-gpu/loglinear.xz > $bin && chmod +x $bin; }
 step() { echo; echo "=== $* ($(date +%T)) ==="; }
@@ -196,15 +203,24 @@ train-cold:*)
     step "bench train T=512 batch 64, λ linear, cold cache, autotune $level"
     rm -rf /tmp/cache-$level
     /usr/bin/time -f "process wall %e s" env LOGLINEAR_AUTOTUNE_LEVEL=$level LOGLINEAR_KERNEL_CACHE=/tmp/cache-$level \
+        LOGLINEAR_COMPILE_LOG=/tmp/compile-$level.log \
         timeout $(left ${COLD_TIMEOUT:-420}) $bin bench train --device cuda --runs 10 --modes linear --profile 3 2>&1 \
         | tee "$out/train_cold_$level.txt" | grep -v "Fastest result" | grep -E "^check|^\| (log|trans|\*\*)|^profiled"
     echo "autotune decisions printed: $(grep -c "Fastest result" "$out/train_cold_$level.txt")"
+    if [[ -f /tmp/compile-$level.log ]]; then
+        echo "kernels compiled: $(grep -c 'Compiling kernel' /tmp/compile-$level.log); most compiled:"
+        grep -o 'Compiling kernel.*' /tmp/compile-$level.log | sort | uniq -c | sort -rn | head -12
+        cp /tmp/compile-$level.log "$out/"
+    fi
+    # The default level's cache serves the later steps of this call (and cache-save).
+    [[ $level == minimal ]] && mkdir -p "$LOGLINEAR_KERNEL_CACHE" && cp -r /tmp/cache-$level/. "$LOGLINEAR_KERNEL_CACHE"/
     ;;
 train-modes:*)
     # Every λ mode and the Transformer at one setting, warm cache of the given autotune level.
     IFS=: read -r _ level len batch <<< "$s"
     step "bench train T=$len batch $batch, all modes, autotune $level"
-    LOGLINEAR_AUTOTUNE_LEVEL=$level LOGLINEAR_KERNEL_CACHE=/tmp/cache-$level \
+    cache=/tmp/cache-$level; [[ $level == minimal ]] && cache=$LOGLINEAR_KERNEL_CACHE
+    LOGLINEAR_AUTOTUNE_LEVEL=$level LOGLINEAR_KERNEL_CACHE=$cache \
         timeout $(left 400) $bin bench train --device cuda --runs 10 --seq-len $len --batch $batch --no-check \
         --modes ${MODES:-linear,mlp_softplus,ones,transformer} 2>&1 \
         | grep -v "Fastest result" | tee "$out/train_${len}x${batch}_$level.txt" | grep -E "^\| (log|trans)"
@@ -242,6 +258,19 @@ pack-grid:*)
     /usr/bin/time -f "grid wall %e s" timeout $(left 540) $bin sweep /tmp/grid.toml --device cuda --out /tmp/grid \
         --set train.steps=$steps 2>&1 | grep -E "wall|error|pack|FAILED" | tee "$out/pack_grid.txt"
     (cd /tmp && tar czf "$out/grid.tgz" --exclude='*.safetensors' grid)
+    ;;
+op-gdn)
+    # The Gated DeltaNet op (chunked tensor form, bf16 inputs computed in f32) at the published
+    # H-GDN head shape (H = 6, N = 192, P = 384), beside the Mamba-2 op's anchors.
+    step "bench op --variant gdn, H=6 N=192 P=384, bf16"
+    timeout $(left 200) $bin bench op --variant gdn --device cuda --dtype bf16 --runs 5 \
+        --heads 6 --n 192 --p 384 --t 2048,8192 --tokens 32768 2>&1 | tee "$out/bench_op_gdn.txt"
+    ;;
+cache-save)
+    # The kernel and autotune cache of this machine, compressed, for the next fresh machine.
+    step "kernel cache: $(du -sh "$LOGLINEAR_KERNEL_CACHE" 2>/dev/null | cut -f1)"
+    tar cf - -C "$LOGLINEAR_KERNEL_CACHE" . | xz -T0 -6 > "$out/kernel-cache.tar.xz"
+    ls -la "$out/kernel-cache.tar.xz"
     ;;
 *) echo "unknown step $s" ;;
 esac

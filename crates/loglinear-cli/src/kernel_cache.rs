@@ -93,6 +93,16 @@ pub fn enable() {
         config.autotune.logger.level = AutotuneLogLevel::Minimal;
         config.autotune.logger.stderr = true;
     }
+    // `LOGLINEAR_COMPILE_LOG=stderr|FILE`: one line per kernel compiled (not served by the
+    // cache), to count what a cold process compiles.
+    if let Ok(target) = std::env::var("LOGLINEAR_COMPILE_LOG") {
+        use cubecl::config::compilation::CompilationLogLevel;
+        config.compilation.logger.level = CompilationLogLevel::Basic;
+        match target.as_str() {
+            "stderr" => config.compilation.logger.stderr = true,
+            file => config.compilation.logger.file = Some(file.into()),
+        }
+    }
     let _ = CubeClRuntimeConfig::try_set(config);
 }
 

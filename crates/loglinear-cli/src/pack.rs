@@ -74,6 +74,59 @@ pub fn pack_key(cfg: &ExperimentConfig) -> Option<String> {
     )
 }
 
+/// `LOGLINEAR_PROFILE_PACK=START:COUNT` (GPU builds): profiles pack steps START..START+COUNT
+/// kernel by kernel (host work of the step included: data, logging, evaluation) and prints the
+/// table of `bench train --profile` to stderr, to see where a pack step's time goes.
+struct PackProfiler {
+    window: Option<(usize, usize)>,
+    #[cfg(feature = "persistence")]
+    running: Option<(crate::profile::KernelProfile, Instant)>,
+}
+
+impl PackProfiler {
+    fn from_env() -> Self {
+        let window = std::env::var("LOGLINEAR_PROFILE_PACK").ok().and_then(|v| {
+            let (a, b) = v.split_once(':')?;
+            Some((a.parse().ok()?, b.parse::<usize>().ok()?.max(1)))
+        });
+        Self {
+            window,
+            #[cfg(feature = "persistence")]
+            running: None,
+        }
+    }
+
+    /// Called before pack step `tick` (0-based) starts.
+    #[cfg(feature = "persistence")]
+    fn at_step(&mut self, tick: usize, device: &Device) {
+        let Some((start, count)) = self.window else {
+            return;
+        };
+        if tick == start {
+            device.sync().ok();
+            self.running = Some((crate::profile::KernelProfile::start(), Instant::now()));
+        } else if tick == start + count
+            && let Some((profile, began)) = self.running.take()
+        {
+            device.sync().ok();
+            let wall_ms = began.elapsed().as_secs_f64() * 1e3 / count as f64;
+            eprintln!(
+                "\nprofile of pack steps {start}..{}:\n\n{}",
+                start + count,
+                profile.finish().table(count, wall_ms, 25)
+            );
+            self.window = None;
+        }
+    }
+
+    #[cfg(not(feature = "persistence"))]
+    fn at_step(&mut self, tick: usize, _device: &Device) {
+        if self.window.is_some_and(|(start, _)| tick == start) {
+            eprintln!("LOGLINEAR_PROFILE_PACK needs a GPU build (`--features cuda`)");
+        }
+    }
+}
+
 /// A replica's progress.
 struct Replica {
     run: PackRun,
@@ -198,11 +251,13 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
         &format!("pack of {}", replicas.len()),
     );
     let mut ticks = 0usize;
+    let mut profiler = PackProfiler::from_env();
     while replicas.iter().any(|r| r.active) {
         if opts.stop_after.is_some_and(|n| ticks >= n) {
             bar.abandon();
             bail!("stopped after {ticks} steps as asked (--stop-after)");
         }
+        profiler.at_step(ticks, &device);
         ticks += 1;
         // 1) Each replica's batch of its own step (a finished one gets an unscored dummy).
         let mut inputs = Vec::with_capacity(replicas.len() * b * t);
