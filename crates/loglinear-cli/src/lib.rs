@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod checkpoint;
+pub mod compare;
 pub mod config;
 pub mod data;
 pub mod demo;
@@ -16,6 +17,7 @@ pub mod pack;
 pub mod profile;
 pub mod report;
 pub mod run_dir;
+pub mod stats;
 pub mod sweep;
 pub mod tasks;
 pub mod train;

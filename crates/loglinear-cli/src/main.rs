@@ -232,6 +232,19 @@ struct TrainPackArgs {
 struct SummarizeArgs {
     /// Sweep directory written by `loglinear sweep`, or a run folder of `loglinear train`.
     dir: PathBuf,
+    /// Best held-out accuracy (a fraction) at or above which a run counts as having solved the
+    /// task.
+    #[arg(long, default_value_t = 0.5)]
+    solved_at: f64,
+    /// Also count the runs that had solved the task by these steps (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    by_steps: Vec<usize>,
+    /// The swept key whose values are compared (Fisher's exact test, bootstrap interval).
+    #[arg(long, default_value = "model.lambda")]
+    compare: String,
+    /// The value of --compare the others are compared against.
+    #[arg(long, default_value = "linear")]
+    baseline: String,
 }
 
 #[derive(Args, Debug)]
@@ -474,7 +487,19 @@ fn run_train_pack(args: TrainPackArgs) -> Result<()> {
 }
 
 fn run_summarize(args: SummarizeArgs) -> Result<()> {
-    let rows = sweep::summarise(&args.dir)?;
+    if !(args.solved_at > 0.0 && args.solved_at <= 1.0) {
+        anyhow::bail!(
+            "--solved-at {} is not an accuracy: expected a fraction in (0, 1], e.g. 0.5",
+            args.solved_at
+        );
+    }
+    let options = sweep::SummaryOptions {
+        solved_at: args.solved_at,
+        by_steps: args.by_steps,
+        compare: args.compare,
+        baseline: args.baseline,
+    };
+    let rows = sweep::summarise_with(&args.dir, &options)?;
     print!("{}", std::fs::read_to_string(args.dir.join("summary.md"))?);
     println!(
         "\n{} settings summarised in {}",

@@ -353,6 +353,12 @@ pub struct SummaryRow {
     pub test: Option<(f64, f64)>,
     /// Per-seed best accuracies, in seed order.
     pub per_seed: Vec<f64>,
+    /// Per seed, the held-out accuracy at each evaluation `(step, accuracy)` (empty for
+    /// language models).
+    pub curves: Vec<Vec<(usize, f64)>>,
+    /// Runs included from their metrics although they never finished (no `summary.json`: cut
+    /// short by a time budget or killed), with the last step each reached.
+    pub cut_short: Vec<usize>,
     /// Language-model runs: every figure is a validation perplexity instead of an accuracy
     /// (`best` = lowest token-weighted perplexity, `last` = at the last evaluation, `test` = the
     /// published batch-mean definition at the best step).
@@ -374,15 +380,42 @@ pub fn mean_std(values: &[f64]) -> (f64, f64) {
 }
 
 /// Reads every finished run of a sweep directory and writes `summary.md`, `summary.csv` and
-/// the plots (accuracy vs the swept variable, one series per λ mode).
+/// the plots (accuracy vs the swept variable, one series per λ mode), with the default
+/// [`SummaryOptions`].
 pub fn summarise(sweep_dir: &Path) -> Result<Vec<SummaryRow>> {
+    summarise_with(sweep_dir, &SummaryOptions::default())
+}
+
+/// [`summarise`] with the comparison settings of `options`. Runs that never finished but logged
+/// evaluations (cut short by a time budget) are included from their metrics and marked as such.
+pub fn summarise_with(sweep_dir: &Path, options: &SummaryOptions) -> Result<Vec<SummaryRow>> {
     let index = read_index(sweep_dir)?;
-    let mut groups: BTreeMap<Vec<(String, String)>, Vec<(String, RunSummary)>> = BTreeMap::new();
+    let mut groups: BTreeMap<Vec<(String, String)>, Vec<(String, RunInfo)>> = BTreeMap::new();
     for point in &index.points {
-        let path = sweep_dir.join(&point.dir).join("summary.json");
-        let Ok(bytes) = fs::read(&path) else { continue };
-        let summary: RunSummary = serde_json::from_slice(&bytes)
-            .with_context(|| format!("{} is not a run summary", path.display()))?;
+        let run_dir = sweep_dir.join(&point.dir);
+        let path = run_dir.join("summary.json");
+        let metrics = run_dir.join("metrics.jsonl");
+        let curve = if metrics.exists() {
+            eval_curve(&metrics)?
+        } else {
+            Vec::new()
+        };
+        let info = match fs::read(&path) {
+            Ok(bytes) => RunInfo {
+                summary: serde_json::from_slice(&bytes)
+                    .with_context(|| format!("{} is not a run summary", path.display()))?,
+                curve,
+                cut_short: false,
+            },
+            Err(_) => match partial_summary(&curve) {
+                Some(summary) => RunInfo {
+                    summary,
+                    curve,
+                    cut_short: true,
+                },
+                None => continue,
+            },
+        };
         let setting: Vec<(String, String)> = point
             .values
             .iter()
@@ -390,7 +423,7 @@ pub fn summarise(sweep_dir: &Path) -> Result<Vec<SummaryRow>> {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let seed = point.values.get(SEED_KEY).cloned().unwrap_or_default();
-        groups.entry(setting).or_default().push((seed, summary));
+        groups.entry(setting).or_default().push((seed, info));
     }
     // Settings in natural order (K = 4, 8, 16, not 16, 4, 8).
     let mut groups: Vec<_> = groups.into_iter().collect();
@@ -402,9 +435,9 @@ pub fn summarise(sweep_dir: &Path) -> Result<Vec<SummaryRow>> {
         .into_iter()
         .map(|(setting, mut runs)| {
             runs.sort_by_key(|r| natural(&r.0));
-            let lm = runs.iter().any(|(_, s)| s.best_ppl.is_some());
+            let lm = runs.iter().any(|(_, r)| r.summary.best_ppl.is_some());
             let pick = |f: &dyn Fn(&RunSummary) -> Option<f64>| -> Vec<f64> {
-                runs.iter().filter_map(|(_, s)| f(s)).collect()
+                runs.iter().filter_map(|(_, r)| f(&r.summary)).collect()
             };
             let (best, last, test) = if lm {
                 (
@@ -426,6 +459,16 @@ pub fn summarise(sweep_dir: &Path) -> Result<Vec<SummaryRow>> {
                 last: mean_std(&last),
                 test: (!test.is_empty()).then(|| mean_std(&test)),
                 per_seed: best,
+                curves: if lm {
+                    Vec::new()
+                } else {
+                    runs.iter().map(|(_, r)| r.curve.clone()).collect()
+                },
+                cut_short: runs
+                    .iter()
+                    .filter(|(_, r)| r.cut_short)
+                    .map(|(_, r)| r.summary.steps)
+                    .collect(),
                 lm,
             }
         })
@@ -437,13 +480,77 @@ pub fn summarise(sweep_dir: &Path) -> Result<Vec<SummaryRow>> {
         .cloned()
         .collect();
     fs::write(sweep_dir.join("summary.csv"), summary_csv(&rows, &keys))?;
-    fs::write(
-        sweep_dir.join("summary.md"),
-        summary_markdown(&rows, &keys, &index),
-    )?;
+    let mut markdown = summary_markdown(&rows, &keys, &index);
+    markdown.push_str(&crate::compare::comparisons(&rows, options));
+    fs::write(sweep_dir.join("summary.md"), markdown)?;
     plot_summary(sweep_dir, &rows, &keys)?;
     plot_all_curves(sweep_dir, &index)?;
     Ok(rows)
+}
+
+/// How `summarize` compares the values of one swept key (by default the λ modes).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SummaryOptions {
+    /// Best held-out accuracy at or above which a run counts as having solved the task.
+    pub solved_at: f64,
+    /// Steps at which to count the runs that had solved the task by then (from the metrics).
+    pub by_steps: Vec<usize>,
+    /// The swept key whose values are compared.
+    pub compare: String,
+    /// The value the others are compared against (if the sweep has it; else the first value).
+    pub baseline: String,
+}
+
+impl Default for SummaryOptions {
+    fn default() -> Self {
+        Self {
+            solved_at: 0.5,
+            by_steps: Vec::new(),
+            compare: LAMBDA_KEY.into(),
+            baseline: "linear".into(),
+        }
+    }
+}
+
+/// A run as the summary reads it.
+struct RunInfo {
+    summary: RunSummary,
+    /// `(step, held-out accuracy)` of every evaluation.
+    curve: Vec<(usize, f64)>,
+    /// No `summary.json`: included from its metrics.
+    cut_short: bool,
+}
+
+/// Every evaluation's `(step, accuracy)` in a run's `metrics.jsonl` (none for language models,
+/// whose evaluations log perplexities).
+fn eval_curve(metrics: &Path) -> Result<Vec<(usize, f64)>> {
+    Ok(train::read_metrics(metrics)?
+        .iter()
+        .filter_map(|m| {
+            Some((
+                m.get("step")?.as_u64()? as usize,
+                m.get("eval_acc")?.as_f64()?,
+            ))
+        })
+        .collect())
+}
+
+/// The summary of a run that never finished, from its evaluations so far: best and last
+/// held-out accuracy, the step it reached. `None` without any evaluation.
+fn partial_summary(curve: &[(usize, f64)]) -> Option<RunSummary> {
+    let &(last_step, last_acc) = curve.last()?;
+    let &(best_step, best_acc) = curve
+        .iter()
+        .fold(&curve[0], |best, e| if e.1 > best.1 { e } else { best });
+    Some(RunSummary {
+        steps: last_step,
+        best_acc,
+        best_step,
+        last_acc,
+        last_loss: f64::NAN,
+        best_loss: f64::NAN,
+        ..RunSummary::default()
+    })
 }
 
 /// The sweep's `sweep.json`; a single run folder (from `loglinear train`) is a sweep of one
@@ -546,7 +653,14 @@ fn summary_markdown(rows: &[SummaryRow], keys: &[String], index: &SweepIndex) ->
     let missing = index.points.len() - rows.iter().map(|r| r.n).sum::<usize>();
     if missing > 0 {
         s.push_str(&format!(
-            "**{missing} runs have not finished and are not included.**\n\n"
+            "**{missing} runs have not finished (and logged no evaluation) and are not included.**\n\n"
+        ));
+    }
+    let cut: usize = rows.iter().map(|r| r.cut_short.len()).sum();
+    if cut > 0 {
+        s.push_str(&format!(
+            "**{cut} runs never finished (cut short by a time budget or killed): they are included \
+             with their evaluations so far and marked in the n column with the step they reached.**\n\n"
         ));
     }
     let mut header: Vec<String> = keys.iter().map(|k| format!("`{k}`")).collect();
@@ -576,7 +690,18 @@ fn summary_markdown(rows: &[SummaryRow], keys: &[String], index: &SweepIndex) ->
         if cells.is_empty() {
             cells.push("all".into());
         }
-        cells.extend([r.n.to_string(), shown(lm, r.best), shown(lm, r.last)]);
+        let n = if r.cut_short.is_empty() {
+            r.n.to_string()
+        } else {
+            let steps: Vec<String> = r.cut_short.iter().map(|s| s.to_string()).collect();
+            format!(
+                "{} ({} cut short, at step {})",
+                r.n,
+                r.cut_short.len(),
+                steps.join(", ")
+            )
+        };
+        cells.extend([n, shown(lm, r.best), shown(lm, r.last)]);
         if has_test {
             cells.push(r.test.map_or("–".into(), |t| shown(lm, t)));
         }

@@ -44,7 +44,7 @@ pub struct RunOptions {
 }
 
 /// What a finished run reports (also written to `summary.json`).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct RunSummary {
     /// Run name.
     pub name: String,

@@ -1,0 +1,155 @@
+//! `loglinear summarize` on sweep folders written here by hand: the solved counts with their
+//! exact intervals, the by-step counts from the metrics, the comparisons against the baseline
+//! (Fisher's exact test, bootstrap interval), and runs cut short marked rather than dropped.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+
+use loglinear_cli::sweep::{SummaryOptions, SweepIndex, SweepPoint, summarise_with};
+use loglinear_cli::train::RunSummary;
+
+/// Writes one run folder: its evaluations `(step, accuracy)` to `metrics.jsonl` and, if
+/// `finished`, a `summary.json` that agrees with them.
+fn write_run(dir: &Path, evals: &[(usize, f64)], finished: bool) {
+    fs::create_dir_all(dir).unwrap();
+    let lines: Vec<String> = evals
+        .iter()
+        .map(|(s, a)| format!("{{\"eval_acc\":{a},\"eval_loss\":1.0,\"step\":{s}}}"))
+        .collect();
+    fs::write(dir.join("metrics.jsonl"), lines.join("\n") + "\n").unwrap();
+    if finished {
+        let (best_step, best_acc) = evals
+            .iter()
+            .copied()
+            .fold((0, f64::MIN), |b, e| if e.1 > b.1 { e } else { b });
+        let summary = RunSummary {
+            name: "run".into(),
+            steps: evals.last().unwrap().0,
+            best_acc,
+            best_step,
+            last_acc: evals.last().unwrap().1,
+            ..RunSummary::default()
+        };
+        fs::write(
+            dir.join("summary.json"),
+            serde_json::to_vec(&summary).unwrap(),
+        )
+        .unwrap();
+    }
+}
+
+/// A run that stays at chance, or one that leaves the plateau at `at` and reaches `best`.
+fn curve(at: Option<usize>, best: f64, last_step: usize) -> Vec<(usize, f64)> {
+    (1..=last_step / 1000)
+        .map(|i| {
+            let step = i * 1000;
+            let acc = match at {
+                Some(a) if step >= a => best,
+                _ => 0.016,
+            };
+            (step, acc)
+        })
+        .collect()
+}
+
+#[test]
+fn solved_counts_intervals_and_comparisons() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut points = Vec::new();
+    // linear: 1 of 5 solves (at step 4000); mlp_softplus: 5 of 5 (at 2000, 2000, 3000, 6000,
+    // 9000); mlp_softmax: 3 runs, one cut short at step 3000 unsolved.
+    let runs: Vec<(&str, usize, Option<usize>, usize, bool)> = vec![
+        ("linear", 0, Some(4000), 10_000, true),
+        ("linear", 1, None, 10_000, true),
+        ("linear", 2, None, 10_000, true),
+        ("linear", 3, None, 10_000, true),
+        ("linear", 4, None, 10_000, true),
+        ("mlp_softplus", 0, Some(2000), 10_000, true),
+        ("mlp_softplus", 1, Some(2000), 10_000, true),
+        ("mlp_softplus", 2, Some(3000), 10_000, true),
+        ("mlp_softplus", 3, Some(6000), 10_000, true),
+        ("mlp_softplus", 4, Some(9000), 10_000, true),
+        ("mlp_softmax", 0, Some(1000), 10_000, true),
+        ("mlp_softmax", 1, None, 10_000, true),
+        ("mlp_softmax", 2, None, 3_000, false),
+    ];
+    for (mode, seed, at, last, finished) in &runs {
+        let name = format!("lambda={mode},seed={seed}");
+        write_run(&dir.join(&name), &curve(*at, 0.99, *last), *finished);
+        points.push(SweepPoint {
+            dir: name,
+            values: BTreeMap::from([
+                ("model.lambda".to_string(), mode.to_string()),
+                ("seed".to_string(), seed.to_string()),
+            ]),
+        });
+    }
+    // A point that never logged an evaluation: not included, and said so.
+    points.push(SweepPoint {
+        dir: "lambda=ones,seed=0".into(),
+        values: BTreeMap::from([
+            ("model.lambda".to_string(), "ones".to_string()),
+            ("seed".to_string(), "0".to_string()),
+        ]),
+    });
+    let index = SweepIndex {
+        keys: vec!["model.lambda".into(), "seed".into()],
+        points,
+    };
+    fs::write(dir.join("sweep.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+
+    let options = SummaryOptions {
+        by_steps: vec![2000, 5000],
+        ..SummaryOptions::default()
+    };
+    let rows = summarise_with(dir, &options).unwrap();
+    assert_eq!(rows.len(), 3);
+    let md = fs::read_to_string(dir.join("summary.md")).unwrap();
+    let row_of = |mode: &str| {
+        md.lines()
+            .filter(|l| l.starts_with("| all | "))
+            .find(|l| l.contains(&format!("| {mode} |")))
+            .unwrap_or_else(|| panic!("no comparison row for {mode} in\n{md}"))
+            .to_string()
+    };
+    // linear: 1/5, Clopper–Pearson [0.51 %, 71.6 %]; by 2000: 0/5, by 5000: 1/5.
+    let linear = row_of("linear");
+    assert!(
+        linear.contains("| 5 | 1/5 | 1–72 % | 0/5 | 1/5 | baseline | baseline |"),
+        "{linear}"
+    );
+    // mlp_softplus: 5/5 [47.8 %, 100 %]; by 2000: 2/5; by 5000: 3/5; Fisher vs 1/5: p = 0.048;
+    // Δ mean best = (0.99 − (0.99 + 4 · 0.016)/5) = 77.9 pp.
+    let softplus = row_of("mlp_softplus");
+    assert!(
+        softplus.contains("| 5 | 5/5 | 48–100 % | 2/5 | 3/5 | 0.048 | +77.9 ["),
+        "{softplus}"
+    );
+    // mlp_softmax: 3 runs of which one cut short at step 3000 unsolved: counted as not solved
+    // at 5000 and marked.
+    let softmax = row_of("mlp_softmax");
+    assert!(softmax.contains("| 3 | 1/3 |"), "{softmax}");
+    assert!(softmax.contains("1/3 (1 ended before)"), "{softmax}");
+    assert!(md.contains("1 cut short, at step 3000"), "{md}");
+    assert!(md.contains("**1 runs have not finished"), "{md}");
+    assert!(md.contains("**1 runs never finished"), "{md}");
+
+    // Another baseline and threshold: nothing solved at 100 %.
+    let strict = SummaryOptions {
+        solved_at: 1.0,
+        baseline: "mlp_softplus".into(),
+        ..SummaryOptions::default()
+    };
+    summarise_with(dir, &strict).unwrap();
+    let md = fs::read_to_string(dir.join("summary.md")).unwrap();
+    assert!(
+        md.contains("| all | mlp_softplus | 5 | 0/5 | 0–52 % | baseline | baseline |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| all | linear | 5 | 0/5 | 0–52 % | 1.000 | -77.9 ["),
+        "{md}"
+    );
+}
