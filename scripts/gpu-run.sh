@@ -3,7 +3,7 @@
 #   smoke | profile | op-vec | op-pad | op-nopad | profile-fwd | commands | kernels | op | op-tc | op-final | op-check | train-fused | train-forms | commands-lm | op-fused | op-chunks | op-long | op-chunked | train | train-short
 #   | train-long | train-32k | decode
 #   | mqar-timing | train-cold:LEVEL | train-modes:LEVEL:T:B | pack-alone | pack-grid:STEPS
-#   | sweep:CONFIG:JOBS[:SET,SET...] | lm-eval:NAME | op-gdn | cache-save
+#   | sweep:CONFIG:JOBS[:SET,SET...] | lm-eval:NAME | op-gdn | cache-save | cold-compile | pack-profile
 # bin-gpu/loglinear.xz is built by scripts/build-gpu.sh and carried over; results go to $OUT.
 set -uo pipefail
 export CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
@@ -258,6 +258,36 @@ pack-grid:*)
     /usr/bin/time -f "grid wall %e s" timeout $(left 540) $bin sweep /tmp/grid.toml --device cuda --out /tmp/grid \
         --set train.steps=$steps 2>&1 | grep -E "wall|error|pack|FAILED" | tee "$out/pack_grid.txt"
     (cd /tmp && tar czf "$out/grid.tgz" --exclude='*.safetensors' grid)
+    ;;
+cold-compile)
+    # What a cold process spends on compilation, and whether NVRTC's automatic precompiled
+    # headers (CUBECL_NVRTC_PCH=1) or keeping NVRTC's CUBIN (CUBECL_NVRTC_CUBIN=1, no second
+    # ptxas at module load) shortens it (both opt-in in the offline cubecl-cuda patch): a small LM
+    # (D = 128, 2 layers, T = 256 × 8) from an empty cache per variant; wall time to the end,
+    # kernels compiled, and the step time (which must not change).
+    for v in plain pch cubin both; do
+        envs=(); case $v in pch) envs=(CUBECL_NVRTC_PCH=1);; cubin) envs=(CUBECL_NVRTC_CUBIN=1);;
+            both) envs=(CUBECL_NVRTC_PCH=1 CUBECL_NVRTC_CUBIN=1);; esac
+        rm -rf /tmp/cold-$v /tmp/compile-$v.log
+        step "cold small LM, $v"
+        /usr/bin/time -f "$v: process wall %e s" env "${envs[@]}" LOGLINEAR_KERNEL_CACHE=/tmp/cold-$v \
+            LOGLINEAR_COMPILE_LOG=/tmp/compile-$v.log LOGLINEAR_AUTOTUNE_LOG=0 \
+            timeout $(left 150) $bin bench train --device cuda --d-model 128 --layers 2 --seq-len 256 \
+            --batch 8 --runs 3 --modes linear --no-check 2>&1 | grep -E "^\| log|wall|error" | tee -a "$out/cold_compile.txt"
+        echo "$v: kernels compiled: $(grep -c 'Compiling kernel' /tmp/compile-$v.log 2>/dev/null)" | tee -a "$out/cold_compile.txt"
+    done
+    ;;
+pack-profile)
+    # Where a pack step's time goes: 24 MQAR runs (T = 256, both MLP λ modes × K × 3 seeds) as
+    # one pack, kernel by kernel over pack steps 100..110 (host work of the step included).
+    form=${FORM:-auto}
+    sed '/early_stop_acc/d' experiments/mqar_paper_sweep.toml |
+        sed 's/^"model.lambda" = .*/"model.lambda" = ["mlp_softplus", "mlp_softmax"]/' > /tmp/mlp.toml
+    rm -rf /tmp/packprof
+    step "profile of a pack of 24, T=256, form $form"
+    LOGLINEAR_PROFILE_PACK=100:10 timeout $(left 300) $bin sweep /tmp/mlp.toml --device cuda --out /tmp/packprof \
+        --set train.steps=111 --set task.seq_len=256 --set model.form=$form --set eval.every=1000 2>&1 \
+        | grep -v "Fastest result" | grep -E "^\||profile|pack|error" | tee "$out/pack_profile_$form.txt"
     ;;
 op-gdn)
     # The Gated DeltaNet op (chunked tensor form, bf16 inputs computed in f32) at the published
