@@ -8,7 +8,12 @@
 # crate in .gpu-build/ and used through a --config patch so that CPU builds never see it.
 # Cargo.lock is restored afterwards: the patch is a build-time detail, not a dependency change.
 #
-# Usage: scripts/build-gpu.sh [--no-patch]      (--no-patch: online machines, upstream crate)
+# Usage: scripts/build-gpu.sh [--no-patch] [--tests]
+#   --no-patch: online machines, upstream crate.
+#   --tests: also the kernel test binaries (crates/loglinear/tests/kernels*.rs) built for CUDA,
+#            compressed into bin-gpu/tests/ for scripts/gpu-test.sh on the GPU machine (the GPU
+#            machine has no Rust toolchain). They are built with the binary's profile and
+#            features, so they reuse its compiled dependencies.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 crate=cubecl-cuda-0.11.3
@@ -16,8 +21,17 @@ work=.gpu-build
 out=bin-gpu
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target-gpu}"
 
+patched=1 tests=0
+for a in "$@"; do
+    case "$a" in
+    --no-patch) patched=0 ;;
+    --tests) tests=1 ;;
+    *) echo "unknown option $a (expected --no-patch, --tests)" >&2; exit 2 ;;
+    esac
+done
 args=(build --profile gpu-release -p loglinear-cli --features cuda)
-if [[ "${1:-}" != "--no-patch" ]]; then
+config=()
+if (( patched )); then
     cargo fetch --locked
     src=$(find "${CARGO_HOME:-$HOME/.cargo}/registry/src" -maxdepth 2 -type d -name "$crate" | head -n 1)
     [[ -n "$src" ]] || { echo "error: $crate not found in the cargo registry after cargo fetch" >&2; exit 1; }
@@ -34,13 +48,24 @@ if [[ "${1:-}" != "--no-patch" ]]; then
     fi
     cp Cargo.lock "$work/Cargo.lock.orig"
     trap 'cp "$work/Cargo.lock.orig" Cargo.lock' EXIT
-    args+=(--config "patch.crates-io.cubecl-cuda.path=\"$work/$crate\"")
+    config=(--config "patch.crates-io.cubecl-cuda.path=\"$work/$crate\"")
 fi
-cargo "${args[@]}"
+cargo "${args[@]}" "${config[@]}"
 mkdir -p "$out"
 cp "$CARGO_TARGET_DIR/gpu-release/loglinear" "$out/loglinear"
-# The GPU machine receives at most 64 MiB: carry the compressed copy (about 10 MiB).
+# The GPU machine receives at most 64 MiB: carry the compressed copy (about 17 MiB).
 xz -T0 -6 -c "$out/loglinear" > "$out/loglinear.xz"
+if (( tests )); then
+    # Both packages selected so that their features unify exactly as in the binary's build.
+    rm -rf "$out/tests" && mkdir -p "$out/tests"
+    cargo test --profile gpu-release -p loglinear-cli -p loglinear --features loglinear-cli/cuda \
+        --no-run --test kernels --test kernels_shared_states --message-format=json "${config[@]}" |
+        grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | while read -r exe; do
+            name=$(basename "$exe" | sed 's/-[0-9a-f]*$//')
+            xz -T0 -6 -c "$exe" > "$out/tests/$name.xz"
+        done
+    ls -la "$out/tests"
+fi
 ls -la "$out"
 echo "built $out/loglinear; run it on the GPU machine with CUDA_PATH=/usr/local/cuda and"
 echo "LD_LIBRARY_PATH=/usr/local/cuda/lib64 (NVRTC needs the CUDA headers and libnvrtc)"

@@ -2,8 +2,10 @@
 //! five gradients, awkward lengths (partial last chunk, T = 1), several key/value widths, fresh
 //! random inputs per run, NaN-tailed input buffers. Runs on a WGPU device (any Vulkan driver,
 //! including the software rasteriser lavapipe): `cargo test -p loglinear --features wgpu --test
-//! kernels`. On CUDA the same checks run through `loglinear bench kernels --device cuda`.
-#![cfg(feature = "wgpu")]
+//! kernels`. Built with `--features cuda` they run on the first CUDA device instead, including
+//! the bf16 tensor-core kernels (scripts/build-gpu-tests.sh builds them here, scripts/gpu-test.sh
+//! runs them on the GPU machine).
+#![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 use burn::prelude::*;
 use burn::tensor::DType;
@@ -11,8 +13,16 @@ use loglinear::fenwick::num_levels;
 use loglinear::ops::Dims;
 use loglinear::testing::{check_fused, test_seed};
 
+/// The first CUDA device in CUDA builds, else the default WGPU adapter (lavapipe in CI).
 fn device() -> Device {
-    Device::wgpu(Default::default())
+    #[cfg(feature = "cuda")]
+    {
+        Device::cuda(0)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Device::wgpu(Default::default())
+    }
 }
 
 fn check(dims: Dims, dtype: DType, tol: f64) {
@@ -115,6 +125,44 @@ fn fused_takes_half_precision_inputs() {
 
 /// The fused Mamba-2 (one state, λ ignored) is the op with λ ≡ 1: against the parallel form (the
 /// definition) on the same device, partial last chunks and T = 1 included.
+/// The tensor-core kernels (the default GPU path: bf16 q, k, v with f32 g and λ, as mixed-precision
+/// training passes them; key widths multiples of 16) at T = 1, 70, 200 and 4096 and one long
+/// sequence (T = 32,768, against the f64 chunked form). On a device without bf16 tensor cores
+/// (lavapipe) there is nothing to test and it says so; in a CUDA build their absence fails.
+#[test]
+fn tensor_core_kernels_match_reference_in_bf16() {
+    let device = device();
+    if !loglinear::kernels::bf16_cmma(&device) {
+        assert!(
+            !cfg!(feature = "cuda"),
+            "this CUDA device has no bf16 tensor cores: the default GPU path cannot be tested"
+        );
+        eprintln!("skipped: no bf16 tensor cores on this device (run on CUDA: scripts/gpu-test.sh)");
+        return;
+    }
+    let cases = [
+        (1, 2, 2, 64, 64),
+        (70, 2, 2, 128, 64),
+        (200, 2, 3, 64, 128),
+        (4096, 1, 2, 128, 64),
+        (32768, 1, 1, 64, 64),
+    ];
+    for (t, b, h, n, p) in cases {
+        let dims = Dims {
+            b,
+            t,
+            h,
+            n,
+            p,
+            l: num_levels(t),
+        };
+        // bf16 rounding of the inputs and of the kernels' level states and weighted operands:
+        // the bound `loglinear bench kernels` holds them to (bench/RESULTS.md, session 5: worst
+        // 5.0e-3 on outputs).
+        check_mixed(dims, DType::BF16, DType::F32, 2e-2);
+    }
+}
+
 #[test]
 fn mamba2_is_the_op_with_lambda_one() {
     use loglinear::ops::{Form, LogLinearInput, log_linear_attn};

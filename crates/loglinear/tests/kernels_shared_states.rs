@@ -1,7 +1,7 @@
 //! The fused kernels with their level states in shared memory (`LOGLINEAR_FUSED_STATES=shared`;
 //! the default keeps them in global memory), against the float64 parallel form. A separate test
 //! binary because the placement is chosen per process.
-#![cfg(feature = "wgpu")]
+#![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 use burn::prelude::*;
 use burn::tensor::DType;
@@ -13,6 +13,9 @@ use loglinear::testing::{check_fused, test_seed};
 fn fused_with_shared_states_matches_reference() {
     // SAFETY: set before any kernel launches, in this process's only test.
     unsafe { std::env::set_var("LOGLINEAR_FUSED_STATES", "shared") };
+    #[cfg(feature = "cuda")]
+    let device = Device::cuda(0);
+    #[cfg(not(feature = "cuda"))]
     let device = Device::wgpu(Default::default());
     let seed = test_seed(0);
     for (t, n, p) in [(1, 16, 16), (70, 32, 16), (200, 16, 48), (700, 16, 16)] {
