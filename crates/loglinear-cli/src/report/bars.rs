@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use plotters::prelude::*;
 
-use super::chart::{Axis, FRAME, chart, figure, legend, mark, min_max, note, padded, palette};
+use super::chart::{
+    Axis, FRAME, chart, figure, house, legend, mark, min_max, note, padded, palette,
+};
 use super::{BarGroup, Spread, SpreadGroup};
 
 /// Overlaid histograms on common bins, density-normalised (each integrates to 1), with a legend.
@@ -44,7 +46,8 @@ pub fn histogram(
 
     figure!(dir, stem, (1200, 760), |root, s| {
         let axes = (Axis::auto(x, false, 9), Axis::auto(y, false, 8));
-        let mut c = chart(root, s, [title, x_label, "density"], axes, (true, true))?;
+        let b = house(root, s, title);
+        let mut c = chart(b, s, (x_label, "density"), axes, (true, true))?;
         let alpha = if hists.len() > 1 { 0.28 } else { 0.45 };
         // translucent bars first, then the step outlines on top
         for (i, (name, density)) in hists.iter().enumerate() {
@@ -90,7 +93,7 @@ pub fn bar_chart(
         (name.as_str(), (0..categories.len()).map(bar).collect())
     });
     let groups = groups.collect();
-    clusters(dir, stem, [title, x_label, y_label], categories, groups)
+    clusters(dir, stem, (title, x_label, y_label), categories, groups)
 }
 
 /// Grouped spreads: one cluster per category along x, one box per group (with a legend): the
@@ -109,7 +112,7 @@ pub fn spread_chart(
         (name.as_str(), (0..categories.len()).map(spread).collect())
     });
     let groups = groups.collect();
-    clusters(dir, stem, [title, x_label, y_label], categories, groups)
+    clusters(dir, stem, (title, x_label, y_label), categories, groups)
 }
 
 /// What stands in one slot of a cluster.
@@ -128,7 +131,7 @@ const CLUSTER: f64 = 0.8;
 fn clusters(
     dir: &Path,
     stem: &str,
-    labels: [&str; 3],
+    (title, x_label, y_label): (&str, &str, &str),
     categories: &[String],
     groups: Vec<(&str, Vec<Option<Item>>)>,
 ) -> Result<Vec<PathBuf>> {
@@ -148,7 +151,9 @@ fn clusters(
     figure!(dir, stem, (1200, 760), |root, s| {
         let x = Axis::new((-0.5, n.max(1) as f64 - 0.5), false, ticks.clone());
         // no vertical grid lines: they would cut through the clusters
-        let mut c = chart(root, s, labels, (x, Axis::auto(y, false, 8)), (false, true))?;
+        let b = house(root, s, title);
+        let axes = (x, Axis::auto(y, false, 8));
+        let mut c = chart(b, s, (x_label, y_label), axes, (false, true))?;
         let slot_px = c.backend_coord(&(width, 0.0)).0 - c.backend_coord(&(0.0, 0.0)).0;
         // cap width, also the diameter of the dot ErrorBar puts at the median (or the bar top)
         let cap = (slot_px as f64 * 0.3).clamp(4.0 * s.k, 12.0 * s.k) as u32;

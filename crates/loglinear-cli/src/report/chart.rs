@@ -59,7 +59,12 @@ impl Scale {
 }
 
 pub(super) type Area<DB> = DrawingArea<DB, Shift>;
+pub(super) type Builder<'a, DB> = ChartBuilder<'a, 'static, DB>;
 pub(super) type Chart<'a, DB> = ChartContext<'a, DB, Cartesian2d<Axis, Axis>>;
+
+/// A plotters backend whose errors can travel in an `anyhow::Error`.
+pub(super) trait Backend: DrawingBackend<ErrorType: 'static> {}
+impl<DB: DrawingBackend<ErrorType: 'static>> Backend for DB {}
 
 /// An axis: plotters' linear or log coordinate, with the ticks (value and label) where we put
 /// them: round numbers, powers of two, categories, cell centres, the exact extremes of a scale.
@@ -142,18 +147,8 @@ impl ValueFormatter<f64> for Axis {
     }
 }
 
-/// A chart with the house style on `area`: the title, margins, label areas, and the mesh (see
-/// [`mesh`]).
-pub(super) fn chart<'a, DB: DrawingBackend>(
-    area: &'a Area<DB>,
-    s: Scale,
-    [title, x_desc, y_desc]: [&str; 3],
-    (x, y): (Axis, Axis),
-    grid: (bool, bool),
-) -> Result<Chart<'a, DB>>
-where
-    DB::ErrorType: 'static,
-{
+/// A chart builder on `area` with the house margins, label areas and title.
+pub(super) fn house<'a, DB: Backend>(area: &'a Area<DB>, s: Scale, title: &str) -> Builder<'a, DB> {
     let mut b = ChartBuilder::on(area);
     b.margin(s.px(16.0)).margin_right(s.px(30.0));
     b.x_label_area_size(s.px(62.0))
@@ -161,24 +156,23 @@ where
     if !title.is_empty() {
         b.caption(title, s.font(27.0));
     }
-    let mut c = b.build_cartesian_2d(x, y)?;
-    mesh(&mut c, s, (x_desc, y_desc), grid)?;
-    Ok(c)
+    b
 }
 
-/// Axes, tick marks and labels, the axis descriptions, and grid lines at the ticks of x and y
-/// where `grid` says so.
-pub(super) fn mesh<DB: DrawingBackend>(
-    c: &mut Chart<'_, DB>,
+/// The chart `b` builds, with axes, tick marks and labels, the axis descriptions, and grid
+/// lines at the ticks of x and y where `grid` says so.
+pub(super) fn chart<'a, DB: Backend>(
+    mut b: Builder<'a, DB>,
     s: Scale,
-    (x, y): (&str, &str),
+    (x_desc, y_desc): (&str, &str),
+    (x, y): (Axis, Axis),
     grid: (bool, bool),
-) -> Result<()>
-where
-    DB::ErrorType: 'static,
-{
+) -> Result<Chart<'a, DB>> {
+    let mut c = b.build_cartesian_2d(x, y)?;
     let mut m = c.configure_mesh();
-    m.x_desc(x).y_desc(y).axis_desc_style(s.font(21.0));
+    m.x_desc(x_desc)
+        .y_desc(y_desc)
+        .axis_desc_style(s.font(21.0));
     m.label_style(s.font(17.0))
         .set_all_tick_mark_size(s.px(6.0));
     m.bold_line_style(RGBColor(222, 222, 222).stroke_width(s.w(1.0)));
@@ -189,20 +183,18 @@ where
     if !grid.1 {
         m.disable_y_mesh();
     }
-    Ok(m.draw()?)
+    m.draw()?;
+    Ok(c)
 }
 
 /// The legend of the series labelled so far, in the corner of the plot that the `paths` (in
 /// data coordinates; the curves, outlines and bars drawn) cross least.
-pub(super) fn legend<'a, DB: DrawingBackend + 'a>(
+pub(super) fn legend<'a, DB: Backend + 'a>(
     c: &mut Chart<'a, DB>,
     s: Scale,
     entries: usize,
     paths: &[Vec<(f64, f64)>],
-) -> Result<()>
-where
-    DB::ErrorType: 'static,
-{
+) -> Result<()> {
     use SeriesLabelPosition::*;
     let (xr, yr) = c.plotting_area().get_pixel_range();
     let (w, h) = (xr.len() as f64, yr.len() as f64);
@@ -263,10 +255,7 @@ pub(super) fn mark<'a, DB: DrawingBackend + 'a>(
 }
 
 /// A note centred in the plot (e.g. "no data").
-pub(super) fn note<DB: DrawingBackend>(c: &Chart<'_, DB>, s: Scale, text: &str) -> Result<()>
-where
-    DB::ErrorType: 'static,
-{
+pub(super) fn note<DB: Backend>(c: &Chart<'_, DB>, s: Scale, text: &str) -> Result<()> {
     let plot = c.plotting_area().strip_coord_spec();
     let (w, h) = plot.dim_in_pixel();
     let style = s.font(22.0).pos(Pos::new(HPos::Center, VPos::Center));

@@ -8,7 +8,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::Shade;
 use super::chart::round_ticks;
-use super::chart::{Axis, FRAME, NAN_GREY, chart, figure, mesh, min_max, note, padded};
+use super::chart::{Axis, FRAME, NAN_GREY, chart, figure, house, min_max, note, padded};
 
 /// Width of the colour-bar column, the band of regions above the map, and the row of region
 /// labels that do not fit in their band (logical pixels).
@@ -88,7 +88,8 @@ pub fn heatmap(
         let (strip, map) = left.split_vertically(s.px(top));
 
         let axes = (index_axis(cols), index_axis(rows));
-        let mut c = chart(&map, s, ["", x_label, y_label], axes, (false, false))?;
+        let b = house(&map, s, "");
+        let mut c = chart(b, s, (x_label, y_label), axes, (false, false))?;
         // cells, block-averaged down to what the output can show; runs of one colour merged
         if rows > 0 && cols > 0 {
             let (xr, yr) = c.plotting_area().get_pixel_range();
@@ -152,9 +153,11 @@ pub fn heatmap(
         bar.margin_top(s.px(top + 16.0)).margin_bottom(s.px(78.0));
         bar.margin_left(s.px(8.0)).margin_right(s.px(12.0));
         bar.right_y_label_area_size(s.px(BAR_COLUMN - 50.0));
-        let y = Axis::numbers((lo, hi), false, &scale);
-        let mut bar = bar.build_cartesian_2d(Axis::new((0.0, 1.0), false, vec![]), y)?;
-        mesh(&mut bar, s, ("", colorbar_label), (false, false))?;
+        let (x, y) = (
+            Axis::new((0.0, 1.0), false, vec![]),
+            Axis::numbers((lo, hi), false, &scale),
+        );
+        let mut bar = chart(bar, s, ("", colorbar_label), (x, y), (false, false))?;
         let n = if s.svg { 160 } else { 400 };
         let step = (hi - lo) / n as f64;
         let strip =

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use plotters::prelude::*;
 
-use super::chart::{Axis, chart, figure, legend, mark, min_max, note, padded, palette};
+use super::chart::{Axis, chart, figure, house, legend, mark, min_max, note, padded, palette};
 use super::{LineOpts, Series};
 
 /// Series up to this many points get markers and capped error bars; longer ones a band.
@@ -71,7 +71,8 @@ pub fn line_plot(
             false => Axis::auto(x, log_x, 9),
         };
         let axes = (x, Axis::auto(y, log_y, 8));
-        let mut c = chart(root, s, [title, x_label, y_label], axes, (true, true))?;
+        let b = house(root, s, title);
+        let mut c = chart(b, s, (x_label, y_label), axes, (true, true))?;
         let mut paths = vec![];
         for (i, (name, pts)) in data.iter().enumerate() {
             let (color, long) = (palette(i), pts.len() > MARKER_MAX);
