@@ -150,9 +150,8 @@ fn clusters(
 
     figure!(dir, stem, (1200, 760), |root, s| {
         let x = Axis::new((-0.5, n.max(1) as f64 - 0.5), false, ticks.clone());
+        let (b, axes) = (house(root, s, title), (x, Axis::auto(y, false, 8)));
         // no vertical grid lines: they would cut through the clusters
-        let b = house(root, s, title);
-        let axes = (x, Axis::auto(y, false, 8));
         let mut c = chart(b, s, (x_label, y_label), axes, (false, true))?;
         let slot_px = c.backend_coord(&(width, 0.0)).0 - c.backend_coord(&(0.0, 0.0)).0;
         // cap width, also the diameter of the dot ErrorBar puts at the median (or the bar top)

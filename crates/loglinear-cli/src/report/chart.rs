@@ -88,12 +88,10 @@ impl Axis {
     /// Ticks at about `n` round values on a linear axis; on a log axis at powers of ten, with
     /// 2 and 5 (or every digit) between them when that is what it takes to have a few.
     pub fn auto(range: (f64, f64), log: bool, n: usize) -> Self {
-        let ticks = if log {
-            log_ticks(range)
-        } else {
-            round_ticks(range, n)
-        };
-        Self::numbers(range, log, &ticks)
+        match log {
+            true => Self::numbers(range, log, &log_ticks(range)),
+            false => Self::numbers(range, log, &round_ticks(range, n)),
+        }
     }
 }
 
@@ -105,15 +103,10 @@ pub(super) fn round_ticks((lo, hi): (f64, f64), n: usize) -> Vec<f64> {
 /// Ticks of a log axis (see [`Axis::auto`]): round linear ones within a factor of two.
 fn log_ticks((lo, hi): (f64, f64)) -> Vec<f64> {
     let decades = lo.log10().floor() as i32..=hi.log10().ceil() as i32;
-    let digits: [&[f64]; 3] = [
-        &[1.0],
-        &[1.0, 2.0, 5.0],
-        &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0],
-    ];
-    let ticks = digits.map(|digits| {
-        let all = decades
-            .clone()
-            .flat_map(|k| digits.iter().map(move |d| d * 10f64.powi(k)));
+    let every: Vec<f64> = (1..10).map(f64::from).collect();
+    let ticks = [&[1.0][..], &[1.0, 2.0, 5.0], &every].map(|digits| {
+        let decade = |k: i32| digits.iter().map(move |d| d * 10f64.powi(k));
+        let all = decades.clone().flat_map(decade);
         all.filter(|v| (lo..=hi).contains(v)).collect::<Vec<_>>()
     });
     match ticks.iter().find(|t| t.len() >= 4) {
