@@ -1,5 +1,5 @@
-//! What the figures share: the bundled font, colours, sizes, a chart with the house style (axes,
-//! ticks, legend), and the writer of the PNG and the SVG.
+//! What the figures share: the bundled font, colours, the house style (axes, ticks, legend),
+//! and the writer of the PNG and the SVG.
 
 use std::fs;
 use std::io::BufWriter;
@@ -8,9 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use anyhow::{Context, Result, bail, ensure};
-use plotters::chart::MeshStyle;
 use plotters::coord::Shift;
-use plotters::coord::ranged1d::{AsRangedCoord, DefaultFormatting, KeyPointHint, ValueFormatter};
+use plotters::coord::ranged1d::{KeyPointHint, NoDefaultFormatting, ValueFormatter};
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
@@ -23,40 +22,18 @@ static FONT_BYTES: &[u8] = include_bytes!("../../assets/DejaVuSans.ttf");
 /// the `font-family` attribute, i.e. a CSS fallback list.
 const FAMILY: &str = "DejaVu Sans, Verdana, sans-serif";
 
-pub(super) const INK: RGBColor = RGBColor(34, 34, 34);
+const INK: RGBColor = RGBColor(34, 34, 34);
 pub(super) const FRAME: RGBColor = RGBColor(70, 70, 70);
 pub(super) const NAN_GREY: RGBColor = RGBColor(205, 205, 205);
 
 /// matplotlib's "tab10" qualitative palette.
 pub(super) fn palette(i: usize) -> RGBColor {
-    const TAB10: [(u8, u8, u8); 10] = [
-        (31, 119, 180),
-        (255, 127, 14),
-        (44, 160, 44),
-        (214, 39, 40),
-        (148, 103, 189),
-        (140, 86, 75),
-        (227, 119, 194),
-        (127, 127, 127),
-        (188, 189, 34),
-        (23, 190, 207),
+    const TAB10: [u32; 10] = [
+        0x1f77b4, 0xff7f0e, 0x2ca02c, 0xd62728, 0x9467bd, 0x8c564b, 0xe377c2, 0x7f7f7f, 0xbcbd22,
+        0x17becf,
     ];
-    let (r, g, b) = TAB10[i % TAB10.len()];
-    RGBColor(r, g, b)
-}
-
-/// Title and axis labels of a figure.
-pub(super) struct Labels {
-    pub title: String,
-    pub x: String,
-    pub y: String,
-}
-
-impl Labels {
-    pub fn new(title: &str, x: &str, y: &str) -> Self {
-        let [title, x, y] = [title, x, y].map(String::from);
-        Labels { title, x, y }
-    }
+    let c = TAB10[i % TAB10.len()];
+    RGBColor((c >> 16) as u8, (c >> 8) as u8, c as u8)
 }
 
 /// Figures are laid out in logical pixels; `k` device pixels make one (2 in the supersampled
@@ -81,59 +58,90 @@ impl Scale {
     }
 }
 
-/// A figure that can draw itself on any plotters backend.
-pub(super) trait Figure {
-    /// Size in logical pixels (also the PNG's size in pixels).
-    fn size(&self) -> (u32, u32);
-    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>, s: Scale) -> Result<()>
-    where
-        DB::ErrorType: 'static;
+pub(super) type Area<DB> = DrawingArea<DB, Shift>;
+pub(super) type Builder<'a, DB> = ChartBuilder<'a, 'static, DB>;
+pub(super) type Chart<'a, DB> = ChartContext<'a, DB, Cartesian2d<Axis, Axis>>;
+
+/// A plotters backend whose errors can travel in an `anyhow::Error`.
+pub(super) trait Backend: DrawingBackend<ErrorType: 'static> {}
+impl<DB: DrawingBackend<ErrorType: 'static>> Backend for DB {}
+
+/// An axis: plotters' linear or log coordinate, with the ticks (value and label) where we put
+/// them: round numbers, powers of two, categories, cell centres, the exact extremes of a scale.
+pub(super) struct Axis {
+    linear: RangedCoordf64,
+    /// plotters' log coordinate over the same range, when the axis is logarithmic.
+    log: Option<LogCoord<f64>>,
+    ticks: Vec<(f64, String)>,
 }
 
-pub(super) type Chart<'a, DB, X, Y> = ChartContext<'a, DB, Cartesian2d<X, Y>>;
-
-/// A linear axis with its ticks where we put them (categories, cell centres, exact extremes).
-/// plotters' `with_key_points` does this too, but on an f64 range it loses the value formatter
-/// that drawing the mesh needs.
-#[derive(Clone)]
-pub(super) struct Ticked(RangedCoordf64, Vec<f64>);
-
-impl Ticked {
-    pub fn new(range: Range<f64>, ticks: Vec<f64>) -> Self {
-        Ticked(range.into(), ticks)
+impl Axis {
+    pub fn new((lo, hi): (f64, f64), log: bool, ticks: Vec<(f64, String)>) -> Self {
+        let (linear, log) = ((lo..hi).into(), log.then(|| (lo..hi).log_scale().into()));
+        Axis { linear, log, ticks }
+    }
+    /// Ticks at `values`, labelled by [`fmt_num`].
+    pub fn numbers(range: (f64, f64), log: bool, values: &[f64]) -> Self {
+        let ticks = values.iter().map(|&v| (v, fmt_num(v)));
+        Self::new(range, log, ticks.collect())
+    }
+    /// Ticks at about `n` round values on a linear axis; on a log axis at powers of ten, with
+    /// 2 and 5 (or every digit) between them when that is what it takes to have a few.
+    pub fn auto(range: (f64, f64), log: bool, n: usize) -> Self {
+        match log {
+            true => Self::numbers(range, log, &log_ticks(range)),
+            false => Self::numbers(range, log, &round_ticks(range, n)),
+        }
     }
 }
 
-impl Ranged for Ticked {
-    type FormatOption = DefaultFormatting;
+/// About `n` round values over `(lo, hi)`, as plotters picks them.
+pub(super) fn round_ticks((lo, hi): (f64, f64), n: usize) -> Vec<f64> {
+    RangedCoordf64::from(lo..hi).key_points(n)
+}
+
+/// Ticks of a log axis (see [`Axis::auto`]): round linear ones within a factor of two.
+fn log_ticks((lo, hi): (f64, f64)) -> Vec<f64> {
+    let decades = lo.log10().floor() as i32..=hi.log10().ceil() as i32;
+    let every: Vec<f64> = (1..10).map(f64::from).collect();
+    let ticks = [&[1.0][..], &[1.0, 2.0, 5.0], &every].map(|digits| {
+        let decade = |k: i32| digits.iter().map(move |d| d * 10f64.powi(k));
+        let all = decades.clone().flat_map(decade);
+        all.filter(|v| (lo..=hi).contains(v)).collect::<Vec<_>>()
+    });
+    match ticks.iter().find(|t| t.len() >= 4) {
+        Some(t) => t.clone(),
+        None if ticks[2].len() >= 2 => ticks[2].clone(),
+        None => round_ticks((lo, hi), 5),
+    }
+}
+
+impl Ranged for Axis {
+    type FormatOption = NoDefaultFormatting;
     type ValueType = f64;
     fn map(&self, v: &f64, limit: (i32, i32)) -> i32 {
-        self.0.map(v, limit)
+        let log = self.log.as_ref();
+        log.map_or_else(|| self.linear.map(v, limit), |log| log.map(v, limit))
     }
     fn key_points<H: KeyPointHint>(&self, hint: H) -> Vec<f64> {
         // the ticks are the bold points (labels, grid); no light lines between them
-        let light = hint.weight().allow_light_points();
-        if light { vec![] } else { self.1.clone() }
+        let bold = !hint.weight().allow_light_points();
+        self.ticks.iter().filter(|_| bold).map(|t| t.0).collect()
     }
     fn range(&self) -> Range<f64> {
-        self.0.range()
+        self.linear.range()
     }
 }
 
-/// A chart with the house style on `area`: title, margins and label areas.
-pub(super) fn chart<'a, DB, X, Y>(
-    area: &'a DrawingArea<DB, Shift>,
-    s: Scale,
-    title: &str,
-    x: X,
-    y: Y,
-) -> Result<Chart<'a, DB, X::CoordDescType, Y::CoordDescType>>
-where
-    DB: DrawingBackend,
-    DB::ErrorType: 'static,
-    X: AsRangedCoord,
-    Y: AsRangedCoord,
-{
+impl ValueFormatter<f64> for Axis {
+    fn format_ext(&self, v: &f64) -> String {
+        let tick = self.ticks.iter().find(|t| t.0 == *v);
+        tick.map(|t| t.1.clone()).unwrap_or_default()
+    }
+}
+
+/// A chart builder on `area` with the house margins, label areas and title.
+pub(super) fn house<'a, DB: Backend>(area: &'a Area<DB>, s: Scale, title: &str) -> Builder<'a, DB> {
     let mut b = ChartBuilder::on(area);
     b.margin(s.px(16.0)).margin_right(s.px(30.0));
     b.x_label_area_size(s.px(62.0))
@@ -141,98 +149,78 @@ where
     if !title.is_empty() {
         b.caption(title, s.font(27.0));
     }
-    Ok(b.build_cartesian_2d(x, y)?)
+    b
 }
 
-/// Axes, ticks (labels through [`fmt_num`] unless `tweak` sets a formatter), grid lines and the
-/// axis descriptions; `tweak` adjusts the style before it is drawn.
-pub(super) fn mesh<'a, 'b, DB, X, Y>(
-    chart: &'b mut Chart<'a, DB, X, Y>,
+/// The chart `b` builds, with axes, tick marks and labels, the axis descriptions, and grid
+/// lines at the ticks of x and y where `grid` says so.
+pub(super) fn chart<'a, DB: Backend>(
+    mut b: Builder<'a, DB>,
     s: Scale,
-    (x, y): (&str, &str),
-    tweak: impl FnOnce(&mut MeshStyle<'a, 'b, X, Y, DB>),
-) -> Result<()>
-where
-    DB: DrawingBackend,
-    DB::ErrorType: 'static,
-    X: Ranged<ValueType = f64> + ValueFormatter<f64>,
-    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
-{
-    let mut m = chart.configure_mesh();
-    m.x_desc(x)
-        .y_desc(y)
-        .axis_desc_style(s.font(21.0))
-        .label_style(s.font(17.0));
-    // a function item, so that the reference lives as long as the chart
-    fn label(v: &f64) -> String {
-        fmt_num(*v)
-    }
-    m.x_label_formatter(&label).y_label_formatter(&label);
+    (x_desc, y_desc): (&str, &str),
+    (x, y): (Axis, Axis),
+    grid: (bool, bool),
+) -> Result<Chart<'a, DB>> {
+    let mut c = b.build_cartesian_2d(x, y)?;
+    let mut m = c.configure_mesh();
+    m.x_desc(x_desc)
+        .y_desc(y_desc)
+        .axis_desc_style(s.font(21.0));
+    m.label_style(s.font(17.0))
+        .set_all_tick_mark_size(s.px(6.0));
     m.bold_line_style(RGBColor(222, 222, 222).stroke_width(s.w(1.0)));
-    m.light_line_style(TRANSPARENT)
-        .axis_style(FRAME.stroke_width(s.w(1.2)));
-    m.set_all_tick_mark_size(s.px(6.0)).x_labels(9).y_labels(8);
-    tweak(&mut m);
+    m.axis_style(FRAME.stroke_width(s.w(1.2)));
+    if !grid.0 {
+        m.disable_x_mesh();
+    }
+    if !grid.1 {
+        m.disable_y_mesh();
+    }
     m.draw()?;
-    Ok(())
+    Ok(c)
 }
 
 /// The legend of the series labelled so far, in the corner of the plot that the `paths` (in
 /// data coordinates; the curves, outlines and bars drawn) cross least.
-pub(super) fn legend<'a, DB, X, Y>(
-    chart: &mut Chart<'a, DB, X, Y>,
+pub(super) fn legend<'a, DB: Backend + 'a>(
+    c: &mut Chart<'a, DB>,
     s: Scale,
     entries: usize,
     paths: &[Vec<(f64, f64)>],
-) -> Result<()>
-where
-    DB: DrawingBackend + 'a,
-    DB::ErrorType: 'static,
-    X: Ranged<ValueType = f64>,
-    Y: Ranged<ValueType = f64>,
-{
+) -> Result<()> {
     use SeriesLabelPosition::*;
-    let (xr, yr) = chart.plotting_area().get_pixel_range();
-    let (w, h) = ((xr.end - xr.start) as f64, (yr.end - yr.start) as f64);
-    // the legend's rough extent as a fraction of the plot
-    let (fw, fh) = (0.42, ((entries as f64 * 26.0 + 16.0) * s.k / h).min(0.9));
-    let corners = [
-        (UpperRight, 1.0, 1.0),
-        (UpperLeft, 0.0, 1.0),
-        (LowerRight, 1.0, 0.0),
-        (LowerLeft, 0.0, 0.0),
-    ];
-    let mut crossed = [0usize; 4];
-    for path in paths {
-        let px: Vec<(f64, f64)> = path
-            .iter()
-            .map(|p| chart.backend_coord(p))
-            .map(|(x, y)| ((x - xr.start) as f64 / w, (yr.end - y) as f64 / h))
-            .collect();
-        // points every few pixels along each segment
-        let segments = px.windows(2).flat_map(|ab| {
-            let n = ((ab[1].0 - ab[0].0).hypot(ab[1].1 - ab[0].1) * 100.0)
-                .ceil()
-                .min(200.0);
-            (0..n as usize).map(move |i| {
-                let t = i as f64 / n;
-                (
-                    ab[0].0 + t * (ab[1].0 - ab[0].0),
-                    ab[0].1 + t * (ab[1].1 - ab[0].1),
-                )
-            })
-        });
-        for (u, v) in segments.chain(px.last().copied()) {
-            for (n, (_, right, top)) in crossed.iter_mut().zip(&corners) {
-                let inside = |t: f64, end: f64, f: f64| (t - end).abs() <= f;
-                *n += (inside(u, *right, fw) && inside(v, *top, fh)) as usize;
-            }
+    let (xr, yr) = c.plotting_area().get_pixel_range();
+    let (w, h) = (xr.len() as f64, yr.len() as f64);
+    // a point as fractions of the plot's width and height from its lower left corner
+    let frac = |p: &(f64, f64)| {
+        let (x, y) = c.backend_coord(p);
+        ((x - xr.start) as f64 / w, (yr.end - y) as f64 / h)
+    };
+    // the paths as points every 1 % of the plot
+    let mut points = vec![];
+    for path in paths.iter().map(|p| p.iter().map(frac).collect::<Vec<_>>()) {
+        points.extend(path.last());
+        for ab in path.windows(2) {
+            let ((x0, y0), (x1, y1)) = (ab[0], ab[1]);
+            let n = ((x1 - x0).hypot(y1 - y0) * 100.0).ceil().min(200.0);
+            let at = |t: f64| (x0 + t * (x1 - x0), y0 + t * (y1 - y0));
+            points.extend((0..n as usize).map(|i| at(i as f64 / n)));
         }
     }
-    let best = (0..4).min_by_key(|&i| crossed[i]).unwrap_or(0);
-    chart
-        .configure_series_labels()
-        .position(corners[best].0.clone())
+    // the legend's rough extent as a fraction of the plot, and the points it would cover
+    let (fw, fh) = (0.42, ((entries as f64 * 26.0 + 16.0) * s.k / h).min(0.9));
+    let covered = |(right, top): (f64, f64)| {
+        let near = |(x, y): &&(f64, f64)| (x - right).abs() <= fw && (y - top).abs() <= fh;
+        points.iter().filter(near).count()
+    };
+    let positions = [UpperRight, UpperLeft, LowerRight, LowerLeft];
+    let corners = [(1.0, 1.0), (0.0, 1.0), (1.0, 0.0), (0.0, 0.0)];
+    let best = positions
+        .into_iter()
+        .zip(corners)
+        .min_by_key(|p| covered(p.1));
+    c.configure_series_labels()
+        .position(best.map_or(UpperRight, |p| p.0))
         .margin(s.px(12.0))
         .legend_area_size(s.px(30.0))
         .label_font(s.font(17.0))
@@ -253,38 +241,27 @@ pub(super) fn mark<'a, DB: DrawingBackend + 'a>(
     at: (i32, i32),
 ) -> impl IntoDynElement<'a, DB, (i32, i32)> {
     let line = PathElement::new(vec![(0, 0), (s.px(24.0), 0)], color.stroke_width(s.w(2.4)));
-    let dot = Circle::new(
-        (s.px(12.0), 0),
-        if dot { s.w(4.0) } else { 0 },
-        color.filled(),
-    );
+    let radius = if dot { s.w(4.0) } else { 0 };
+    let dot = Circle::new((s.px(12.0), 0), radius, color.filled());
     let patch = Rectangle::new([(0, -s.px(7.0)), (s.px(24.0), s.px(7.0))], fill);
     EmptyElement::at(at) + patch + line + dot
 }
 
 /// A note centred in the plot (e.g. "no data").
-pub(super) fn note<DB: DrawingBackend, X: Ranged, Y: Ranged>(
-    root: &DrawingArea<DB, Shift>,
-    chart: &Chart<'_, DB, X, Y>,
-    s: Scale,
-    text: &str,
-) -> Result<()>
-where
-    DB::ErrorType: 'static,
-{
-    let (xr, yr) = chart.plotting_area().get_pixel_range();
-    let at = ((xr.start + xr.end) / 2, (yr.start + yr.end) / 2);
+pub(super) fn note<DB: Backend>(c: &Chart<'_, DB>, s: Scale, text: &str) -> Result<()> {
+    let plot = c.plotting_area().strip_coord_spec();
+    let (w, h) = plot.dim_in_pixel();
     let style = s.font(22.0).pos(Pos::new(HPos::Center, VPos::Center));
-    root.draw(&Text::new(text.to_string(), at, style))?;
+    plot.draw(&Text::new(text, (w as i32 / 2, h as i32 / 2), style))?;
     Ok(())
 }
 
 /// A value with up to 4 significant digits, trailing zeros trimmed; scientific outside
 /// [1e-3, 1e5).
 pub(super) fn fmt_num(v: f64) -> String {
-    let trim = |s: String| match s.contains('.') {
+    let trim = |s: &str| match s.contains('.') {
         true => s.trim_end_matches('0').trim_end_matches('.').to_string(),
-        false => s,
+        false => s.to_string(),
     };
     if v == 0.0 || !v.is_finite() {
         return if v == 0.0 { "0".into() } else { v.to_string() };
@@ -292,25 +269,19 @@ pub(super) fn fmt_num(v: f64) -> String {
     if !(1e-3..1e5).contains(&v.abs()) {
         let s = format!("{v:.3e}");
         let (m, e) = s.split_once('e').unwrap_or((&s, "0"));
-        return format!("{}e{e}", trim(m.to_string()));
+        return format!("{}e{e}", trim(m));
     }
     let dec = (3 - v.abs().log10().floor() as i32).clamp(0, 12) as usize;
-    let s = trim(format!("{v:.dec$}"));
+    let s = trim(&format!("{v:.dec$}"));
     if s == "-0" { "0".into() } else { s }
 }
 
 /// Finite min and max of `vals` (NaN, NaN when there are none).
 pub(super) fn min_max(vals: impl Iterator<Item = f64>) -> (f64, f64) {
-    let (lo, hi) = vals
-        .filter(|v| v.is_finite())
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
-            (a.min(v), b.max(v))
-        });
-    if lo > hi {
-        (f64::NAN, f64::NAN)
-    } else {
-        (lo, hi)
-    }
+    let extend = |(a, b): (f64, f64), v: f64| (a.min(v), b.max(v));
+    let (none, nan) = ((f64::INFINITY, -f64::INFINITY), (f64::NAN, f64::NAN));
+    let (lo, hi) = vals.filter(|v| v.is_finite()).fold(none, extend);
+    if lo <= hi { (lo, hi) } else { nan }
 }
 
 /// A usable axis range from the data extent `(lo, hi)`: finite, lo < hi (constant data widened
@@ -338,48 +309,79 @@ pub(super) fn padded((lo, hi): (f64, f64), frac: f64, log: bool) -> (f64, f64) {
     }
 }
 
-/// Renders `fig` to `dir/stem.png` and `dir/stem.svg`; returns both paths (PNG first).
-pub(super) fn render(dir: &Path, stem: &str, fig: &impl Figure) -> Result<Vec<PathBuf>> {
+/// Draws a figure into `dir/stem.png` and `dir/stem.svg` and returns both paths (PNG first):
+/// `figure!(dir, stem, (width, height), |root, s| { … Ok(()) })`, where `root` is the drawing
+/// area and `s` its [`Scale`]. The body is written once and compiled for each backend, since a
+/// closure cannot be generic over plotters' backends.
+macro_rules! figure {
+    ($dir:expr, $stem:expr, $size:expr, |$root:ident, $s:ident| $body:block) => {
+        $crate::report::chart::render(
+            $dir,
+            $stem,
+            $size,
+            |$root: &$crate::report::chart::Area<plotters::prelude::BitMapBackend<'_>>,
+             $s|
+             -> anyhow::Result<()> { $body },
+            |$root: &$crate::report::chart::Area<plotters::prelude::SVGBackend<'_>>,
+             $s|
+             -> anyhow::Result<()> { $body },
+        )
+    };
+}
+pub(super) use figure;
+
+/// What [`figure!`] expands to: the figure drawn by `png` and by `svg` (the same code on each
+/// backend), written out.
+pub(super) fn render(
+    dir: &Path,
+    stem: &str,
+    (w, h): (u32, u32),
+    png: impl FnOnce(&Area<BitMapBackend<'_>>, Scale) -> Result<()>,
+    svg: impl FnOnce(&Area<SVGBackend<'_>>, Scale) -> Result<()>,
+) -> Result<Vec<PathBuf>> {
     if stem.is_empty() || stem.contains(['/', '\\']) || stem == "." || stem == ".." {
         bail!("invalid plot file stem {stem:?}: must be a plain file name without extension");
     }
     ensure_font()?;
     fs::create_dir_all(dir)
         .with_context(|| format!("creating plot directory {}", dir.display()))?;
-    let (png, svg) = (
-        dir.join(format!("{stem}.png")),
-        dir.join(format!("{stem}.svg")),
-    );
-    let (w, h) = fig.size();
+    let paths = ["png", "svg"].map(|ext| dir.join(format!("{stem}.{ext}")));
+    let drawing = |i: usize| format!("drawing {}", paths[i].display());
+    let writing = |i: usize| format!("writing {}", paths[i].display());
+
     // The PNG is drawn at twice its size and box-filtered down: plotters' bitmap backend does
     // not anti-alias lines.
-    let mut buf = vec![255u8; (w * 2 * h * 2 * 3) as usize];
-    let root = BitMapBackend::with_buffer(&mut buf, (w * 2, h * 2)).into_drawing_area();
-    let drawn = fig.draw(&root, Scale { k: 2.0, svg: false });
-    drawn
-        .and_then(|_| Ok(root.present()?))
-        .with_context(|| format!("drawing {}", png.display()))?;
+    let (wu, mut big) = (w as usize, vec![255u8; (w * h * 12) as usize]);
+    let root = BitMapBackend::with_buffer(&mut big, (w * 2, h * 2)).into_drawing_area();
+    png(&root, Scale { k: 2.0, svg: false }).with_context(|| drawing(0))?;
+    root.present().with_context(|| drawing(0))?;
     drop(root);
-    let small: Vec<u8> = (0..(w * h * 3) as usize)
-        .map(|i| {
-            let (x, y, ch, w) = ((i / 3) % w as usize, i / 3 / w as usize, i % 3, w as usize);
-            let at =
-                |dx: usize, dy: usize| buf[((2 * y + dy) * 2 * w + 2 * x + dx) * 3 + ch] as u32;
-            ((at(0, 0) + at(1, 0) + at(0, 1) + at(1, 1) + 2) / 4) as u8
-        })
+    // channel `i % 3` of pixel `i / 3`, at the `d`th of its four subpixels
+    let at = |i: usize, d: usize| {
+        let (x, y) = (i / 3 % wu * 2 + d % 2, i / 3 / wu * 2 + d / 2);
+        big[(y * 2 * wu + x) * 3 + i % 3] as u32
+    };
+    let small: Vec<u8> = (0..wu * h as usize * 3)
+        .map(|i| (((0..4).map(|d| at(i, d)).sum::<u32>() + 2) / 4) as u8)
         .collect();
-    write_png(&png, &small, w, h).with_context(|| format!("writing {}", png.display()))?;
+    let write_png = || -> Result<()> {
+        let file = BufWriter::new(fs::File::create(&paths[0])?);
+        let mut enc = png::Encoder::new(file, w, h);
+        enc.set_color(png::ColorType::Rgb);
+        let mut writer = enc.write_header()?;
+        writer.write_image_data(&small)?;
+        Ok(writer.finish()?)
+    };
+    write_png().with_context(|| writing(0))?;
 
     let mut text = String::new();
     let root = SVGBackend::with_string(&mut text, (w, h)).into_drawing_area();
     root.fill(&WHITE)?;
-    let drawn = fig.draw(&root, Scale { k: 1.0, svg: true });
-    drawn
-        .and_then(|_| Ok(root.present()?))
-        .with_context(|| format!("drawing {}", svg.display()))?;
+    svg(&root, Scale { k: 1.0, svg: true }).with_context(|| drawing(1))?;
+    root.present().with_context(|| drawing(1))?;
     drop(root);
-    fs::write(&svg, text).with_context(|| format!("writing {}", svg.display()))?;
-    Ok(vec![png, svg])
+    fs::write(&paths[1], text).with_context(|| writing(1))?;
+    Ok(paths.into())
 }
 
 /// Registers the bundled font for every family plotters may ask for (its defaults use
@@ -387,21 +389,13 @@ pub(super) fn render(dir: &Path, stem: &str, fig: &impl Figure) -> Result<Vec<Pa
 fn ensure_font() -> Result<()> {
     static REGISTERED: OnceLock<bool> = OnceLock::new();
     let ok = REGISTERED.get_or_init(|| {
-        let styles = [FontStyle::Normal, FontStyle::Bold];
-        let all = [FAMILY, "sans-serif", "serif", "monospace"].map(|name| {
-            styles.map(|st| plotters::style::register_font(name, st, FONT_BYTES).is_ok())
-        });
-        all.iter().flatten().all(|ok| *ok)
+        let families = [FAMILY, "sans-serif", "serif", "monospace"];
+        let styles = families.map(|f| [FontStyle::Normal, FontStyle::Bold].map(|st| (f, st)));
+        let register = |&(f, st): &(&str, FontStyle)| {
+            plotters::style::register_font(f, st, FONT_BYTES).is_ok()
+        };
+        styles.iter().flatten().all(register)
     });
     ensure!(*ok, "the bundled plot font could not be loaded");
     Ok(())
-}
-
-fn write_png(path: &Path, rgb: &[u8], w: u32, h: u32) -> Result<()> {
-    let mut enc = png::Encoder::new(BufWriter::new(fs::File::create(path)?), w, h);
-    enc.set_color(png::ColorType::Rgb);
-    enc.set_depth(png::BitDepth::Eight);
-    let mut writer = enc.write_header()?;
-    writer.write_image_data(rgb)?;
-    Ok(writer.finish()?)
 }

@@ -19,11 +19,10 @@ mod heatmap;
 mod line;
 
 use std::ops::Range;
-use std::path::{Path, PathBuf};
 
-use anyhow::{Result, ensure};
-
-use chart::{Labels, render};
+pub use bars::{bar_chart, histogram, spread_chart};
+pub use heatmap::heatmap;
+pub use line::line_plot;
 
 /// One curve of a line plot.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -39,23 +38,26 @@ pub struct Series {
 impl Series {
     /// A series without error bars.
     pub fn new(name: impl Into<String>, points: Vec<(f64, f64)>) -> Self {
-        let name = name.into();
-        Series {
-            name,
-            points,
-            err: None,
-        }
+        let (name, err) = (name.into(), None);
+        Series { name, points, err }
     }
 
     /// A series with a ± error per point.
     pub fn with_err(name: impl Into<String>, points: Vec<(f64, f64)>, err: Vec<f64>) -> Self {
-        let name = name.into();
-        Series {
-            name,
-            points,
-            err: Some(err),
-        }
+        let (name, err) = (name.into(), Some(err));
+        Series { name, points, err }
     }
+}
+
+/// Options of [`line_plot`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LineOpts {
+    /// Log-scale x axis (non-positive x are skipped).
+    pub log_x: bool,
+    /// Log-scale y axis (non-positive y are skipped).
+    pub log_y: bool,
+    /// Fixed y range (lo, hi); data outside it are pinned to the frame. `None`: fit the data.
+    pub y_range: Option<(f64, f64)>,
 }
 
 /// A marked region of the x axis of a heat-map (in column indices), e.g. "key-value pairs".
@@ -70,6 +72,10 @@ pub struct Shade {
 /// One group of a [`bar_chart`]: name (legend entry), one value per category, optional ± error
 /// per category.
 pub type BarGroup = (String, Vec<f64>, Option<Vec<f64>>);
+
+/// One group of a [`spread_chart`]: name (legend entry) and the spread per category (`None`
+/// where there is nothing to show).
+pub type SpreadGroup = (String, Vec<Option<Spread>>);
 
 /// Quantiles of a sample (linear interpolation between order statistics, as numpy's default):
 /// what [`spread_chart`] draws as a 25–75 % box, 10–90 % whiskers and a dot at the median.
@@ -103,126 +109,4 @@ impl Spread {
             n: v.len(),
         })
     }
-}
-
-/// A group of bars as drawn: (value, ± error) per category, `None` where missing.
-type Bars = (String, Vec<Option<(f64, Option<f64>)>>);
-
-/// One group of a [`spread_chart`]: name (legend entry) and the spread per category (`None`
-/// where there is nothing to show).
-pub type SpreadGroup = (String, Vec<Option<Spread>>);
-
-/// Options of [`line_plot`].
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct LineOpts {
-    /// Log-scale x axis (non-positive x are skipped).
-    pub log_x: bool,
-    /// Log-scale y axis (non-positive y are skipped).
-    pub log_y: bool,
-    /// Fixed y range (lo, hi); data outside it are pinned to the frame. `None`: fit the data.
-    pub y_range: Option<(f64, f64)>,
-}
-
-/// Line plot: training curves, or a metric against a swept variable with ± std error bars.
-///
-/// Short series (≤ 60 points) get dot markers and capped error bars; longer ones a translucent
-/// ± band. When all x are powers of two on a log x axis, ticks are placed at powers of two.
-pub fn line_plot(
-    dir: &Path,
-    stem: &str,
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    series: &[Series],
-    opts: &LineOpts,
-) -> Result<Vec<PathBuf>> {
-    let labels = Labels::new(title, x_label, y_label);
-    render(dir, stem, &line::LineFig::new(labels, series, opts))
-}
-
-/// Heat-map of a `rows`×`cols` matrix given row-major (`data[r * cols + c]`), row 0 at the bottom,
-/// with the viridis colour map and a colour bar labelled with its scale (including the exact
-/// minimum and maximum). `shades` mark column ranges with a coloured band above the map, labelled
-/// in place or in a row above, so the data themselves stay unobscured. NaN cells are grey.
-#[allow(clippy::too_many_arguments)]
-pub fn heatmap(
-    dir: &Path,
-    stem: &str,
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    colorbar_label: &str,
-    data: &[f64],
-    rows: usize,
-    cols: usize,
-    shades: &[Shade],
-) -> Result<Vec<PathBuf>> {
-    ensure!(
-        rows.checked_mul(cols) == Some(data.len()),
-        "heat-map {stem:?}: {} values do not form a {rows}×{cols} matrix",
-        data.len()
-    );
-    let labels = Labels::new(title, x_label, y_label);
-    let fig = heatmap::HeatFig::new(labels, colorbar_label, data, (rows, cols), shades);
-    render(dir, stem, &fig)
-}
-
-/// Overlaid histograms on common bins, density-normalised (each integrates to 1), with a legend.
-pub fn histogram(
-    dir: &Path,
-    stem: &str,
-    title: &str,
-    x_label: &str,
-    series: &[(String, Vec<f64>)],
-    bins: usize,
-) -> Result<Vec<PathBuf>> {
-    let labels = Labels::new(title, x_label, "density");
-    render(dir, stem, &bars::HistFig::new(labels, series, bins))
-}
-
-/// Grouped bar chart: one cluster per category along x, one bar per group (with a legend), each
-/// with an optional ± error bar. Values missing or NaN are left out.
-pub fn bar_chart(
-    dir: &Path,
-    stem: &str,
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    categories: &[String],
-    groups: &[BarGroup],
-) -> Result<Vec<PathBuf>> {
-    let labels = Labels::new(title, x_label, y_label);
-    let at = |(vals, errs): (&Vec<f64>, &Option<Vec<f64>>), j: usize| {
-        let v = vals.get(j).copied().filter(|v| v.is_finite())?;
-        let e = errs.as_ref().and_then(|e| e.get(j)).copied();
-        Some((v, e.filter(|e| e.is_finite()).map(f64::abs)))
-    };
-    let groups = (groups.iter())
-        .map(|(name, v, e)| {
-            (
-                name.clone(),
-                (0..categories.len()).map(|j| at((v, e), j)).collect(),
-            )
-        })
-        .collect();
-    render(dir, stem, &bars::Clusters::bars(labels, categories, groups))
-}
-
-/// Grouped spreads: one cluster per category along x, one box per group (with a legend): the
-/// 25–75 % box, 10–90 % whiskers and a dot at the median of each [`Spread`].
-pub fn spread_chart(
-    dir: &Path,
-    stem: &str,
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    categories: &[String],
-    groups: &[SpreadGroup],
-) -> Result<Vec<PathBuf>> {
-    let labels = Labels::new(title, x_label, y_label);
-    render(
-        dir,
-        stem,
-        &bars::Clusters::spreads(labels, categories, groups),
-    )
 }
