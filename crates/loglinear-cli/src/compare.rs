@@ -4,8 +4,6 @@
 //! solved / not solved, and a bootstrap interval for the difference of mean best accuracy (mean
 //! best perplexity for language models).
 
-use std::collections::BTreeMap;
-
 use crate::stats::{binomial_interval, bootstrap_mean_difference, fisher_exact};
 use crate::sweep::{SummaryOptions, SummaryRow};
 
@@ -216,13 +214,8 @@ fn setting_text(rest: &[(String, String)]) -> String {
     if rest.is_empty() {
         return "all".into();
     }
-    let short: BTreeMap<&str, &str> = rest
-        .iter()
-        .map(|(k, v)| (k.rsplit('.').next().unwrap_or(k), v.as_str()))
-        .collect();
-    short
-        .iter()
-        .map(|(k, v)| format!("{k} = {v}"))
+    rest.iter()
+        .map(|(k, v)| format!("{} = {v}", k.rsplit('.').next().unwrap_or(k)))
         .collect::<Vec<_>>()
         .join(", ")
 }
