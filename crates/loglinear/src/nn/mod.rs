@@ -1,6 +1,7 @@
-//! Modules: the λ modes, the log-linear Mamba-2 mixer and the language model.
+//! Modules: the λ modes, the log-linear Mamba-2 and Gated DeltaNet mixers and the models.
 
 pub mod check;
+pub mod gdn_mixer;
 pub mod init;
 pub mod lambda;
 pub mod loss;
@@ -14,7 +15,8 @@ pub use check::ConfigError;
 pub use init::Precision;
 pub use loss::cross_entropy_rows;
 pub use lambda::{LambdaConfig, LambdaMlp, LambdaMode, LevelWeights};
-pub use mixer::{LogLinearMamba2, MixerConfig, MixerOutput, MixerState};
+pub use gdn_mixer::{GdnConfig, LogLinearGatedDeltaNet};
+pub use mixer::{LogLinearMamba2, MixerConfig, MixerKind, MixerOutput, MixerState};
 pub use model::{LmConfig, LmOutput, LogLinearLm, ModelState};
 pub use packed::{PackedSyntheticLm, packable};
 pub use synthetic::{SyntheticConfig, SyntheticLm};
