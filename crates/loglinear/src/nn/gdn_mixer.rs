@@ -101,18 +101,7 @@ impl GdnConfig {
             ("head_dim", self.head_dim),
             ("conv_kernel", self.conv_kernel),
         ])?;
-        // A unit vector of width 1 is ±1: every key would be the same direction up to sign and
-        // the delta rule would erase the whole state at each token.
-        if self.d_state < 2 {
-            return Err(ConfigError::new(
-                "d_state",
-                format!(
-                    "(the key width of Gated DeltaNet) must be at least 2: keys are L2-normalised \
-                     per head, got {}",
-                    self.d_state
-                ),
-            ));
-        }
+        check_key_width(self.d_state)?;
         self.lambda.validate().map_err(|e| e.within("lambda"))?;
         if !(self.dt_min > 0.0 && self.dt_min <= self.dt_max) {
             return Err(ConfigError::new(
@@ -184,6 +173,22 @@ impl GdnConfig {
             config: self.clone(),
         }
     }
+}
+
+/// The key width `d_state` of a Gated DeltaNet op: at least 2. A unit vector of width 1 is ±1,
+/// so every key would be the same direction up to sign and the delta rule would erase the whole
+/// state at each token.
+pub(crate) fn check_key_width(d_state: usize) -> Result<(), ConfigError> {
+    if d_state < 2 {
+        return Err(ConfigError::new(
+            "d_state",
+            format!(
+                "(the key width of Gated DeltaNet) must be at least 2: keys are L2-normalised \
+                 per head, got {d_state}"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The log-linear Gated DeltaNet mixer.

@@ -61,6 +61,9 @@ impl SyntheticConfig {
             ("d_state", self.d_state),
             ("head_dim", self.head_dim),
         ])?;
+        if self.mixer == MixerKind::GatedDeltaNet {
+            super::gdn_mixer::check_key_width(self.d_state)?;
+        }
         self.lambda.validate().map_err(|e| e.within("lambda"))?;
         std_dev("initializer_range", self.initializer_range)
     }
