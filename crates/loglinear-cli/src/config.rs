@@ -392,7 +392,11 @@ impl ExperimentConfig {
             }
             Arch::Mamba2 if m.mixer() == MixerKind::GatedDeltaNet => {
                 let d = required("d_model", m.d_model)?;
-                let mut c = LmConfig::new(vocab, required("n_layers", m.n_layers)?, MixerConfig::new(d));
+                let mut c = LmConfig::new(
+                    vocab,
+                    required("n_layers", m.n_layers)?,
+                    MixerConfig::new(d),
+                );
                 let mut g = GdnConfig::new(d);
                 r.mixer = Some(MixerKind::GatedDeltaNet);
                 bind_op(&mut g.lambda, &mut r);

@@ -587,7 +587,10 @@ fn run_folders_from_before_one_config_tree_are_the_same_runs() {
                 && key == "model.mixer"
                 && after == "\"mamba2\""
                 && now.model.arch != Arch::Transformer;
-            assert!(dropped || added || mixer, "{name}: {key} was {before}, is {after}");
+            assert!(
+                dropped || added || mixer,
+                "{name}: {key} was {before}, is {after}"
+            );
         }
 
         // A finished run folder of that config, with the identity the old version gave it.

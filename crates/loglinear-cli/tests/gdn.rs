@@ -89,7 +89,10 @@ fn the_mixer_key_binds_and_round_trips() {
         panic!()
     };
     let g = c.gdn.as_ref().expect("the gated_deltanet mixer");
-    assert_eq!((g.d_model, g.heads, g.d_state, g.head_dim, g.conv_kernel), (16, 2, 8, 8, 3));
+    assert_eq!(
+        (g.d_model, g.heads, g.d_state, g.head_dim, g.conv_kernel),
+        (16, 2, 8, 8, 3)
+    );
     assert_eq!(g.lambda.mode, LambdaMode::Ones);
     for cfg in [syn, lm] {
         let resolved = cfg.resolved().unwrap();
@@ -104,13 +107,19 @@ fn the_mixer_key_binds_and_round_trips() {
         let network = |c: &ExperimentConfig| c.resolved().unwrap().network().unwrap();
         assert_eq!(network(&back), network(&cfg));
     }
-    let plain = config(&MQAR.replace("mixer = \"gated_deltanet\"\n", ""), &["model.arch=mamba2"])
-        .unwrap();
+    let plain = config(
+        &MQAR.replace("mixer = \"gated_deltanet\"\n", ""),
+        &["model.arch=mamba2"],
+    )
+    .unwrap();
     let Network::Mamba2(c) = plain.network().unwrap() else {
         panic!()
     };
     assert!(c.gdn.is_none());
-    assert_eq!(plain.resolved().unwrap().model.mixer, Some(MixerKind::Mamba2));
+    assert_eq!(
+        plain.resolved().unwrap().model.mixer,
+        Some(MixerKind::Mamba2)
+    );
 }
 
 /// Errors name the key: a key width the delta rule cannot use, an unknown mixer, the mixer on
@@ -120,7 +129,10 @@ fn gated_deltanet_config_errors_name_the_key() {
     let err = |overrides: &[&str]| format!("{:#}", config(MQAR, overrides).unwrap_err());
     for arch in ["mamba2", "paper_synthetic"] {
         let e = err(&[&format!("model.arch={arch}"), "model.d_state=1"]);
-        assert!(e.contains("model.d_state") && e.contains("at least 2"), "{arch}: {e}");
+        assert!(
+            e.contains("model.d_state") && e.contains("at least 2"),
+            "{arch}: {e}"
+        );
     }
     let e = err(&["model.arch=mamba2", "model.heads=0"]);
     assert!(e.contains("model.heads"), "{e}");
@@ -147,7 +159,14 @@ fn synthetic_gated_deltanet_runs_train_eval_viz_and_sweep() {
     let out = run_ok(bin().arg("eval").arg(&run));
     assert!(out.contains("accuracy"), "{out}");
     let viz = tmp.path().join("viz");
-    run_ok(bin().arg("viz").arg(&run).arg("--out").arg(&viz).args(["--samples", "2"]));
+    run_ok(
+        bin()
+            .arg("viz")
+            .arg(&run)
+            .arg("--out")
+            .arg(&viz)
+            .args(["--samples", "2"]),
+    );
     let csv = fs::read_to_string(viz.join("lambda.csv")).unwrap();
     // 2 samples × 2 layers × 16 positions × 1 head × 5 levels, plus the header
     assert_eq!(csv.lines().count(), 1 + 2 * 2 * 16 * 5);
@@ -156,11 +175,21 @@ fn synthetic_gated_deltanet_runs_train_eval_viz_and_sweep() {
     let sweep_cfg = tmp.path().join("sweep.toml");
     fs::write(
         &sweep_cfg,
-        format!("{}\n[sweep]\n\"model.mixer\" = [\"mamba2\", \"gated_deltanet\"]\nseed = [0, 1]\n", MQAR.replace("steps = 12", "steps = 4")),
+        format!(
+            "{}\n[sweep]\n\"model.mixer\" = [\"mamba2\", \"gated_deltanet\"]\nseed = [0, 1]\n",
+            MQAR.replace("steps = 12", "steps = 4")
+        ),
     )
     .unwrap();
     let out_dir = tmp.path().join("sweep");
-    run_ok(bin().arg("sweep").arg(&sweep_cfg).arg("--out").arg(&out_dir).args(["--jobs", "2"]));
+    run_ok(
+        bin()
+            .arg("sweep")
+            .arg(&sweep_cfg)
+            .arg("--out")
+            .arg(&out_dir)
+            .args(["--jobs", "2"]),
+    );
     for name in ["mixer=mamba2,seed=0", "mixer=gated_deltanet,seed=1"] {
         assert!(out_dir.join(name).join("summary.json").exists(), "{name}");
     }
@@ -231,9 +260,19 @@ batch_size = 4
         "--temperature",
         "0",
     ]));
-    assert!(out.starts_with("Fellow citizens") && out.len() > "Fellow citizens".len(), "{out}");
+    assert!(
+        out.starts_with("Fellow citizens") && out.len() > "Fellow citizens".len(),
+        "{out}"
+    );
     let viz = tmp.path().join("viz");
-    run_ok(bin().arg("viz").arg(&run).arg("--out").arg(&viz).args(["--samples", "2"]));
+    run_ok(
+        bin()
+            .arg("viz")
+            .arg(&run)
+            .arg("--out")
+            .arg(&viz)
+            .args(["--samples", "2"]),
+    );
     let csv = fs::read_to_string(viz.join("lambda.csv")).unwrap();
     // 2 windows × 1 layer × 16 positions × 2 heads × 5 levels, plus the header
     assert_eq!(csv.lines().count(), 1 + 2 * 16 * 2 * 5);

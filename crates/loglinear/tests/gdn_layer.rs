@@ -57,7 +57,10 @@ fn f64_mixer(cfg: &GdnConfig, seed: u64) -> LogLinearGatedDeltaNet {
 
 fn input(b: usize, t: usize, d: usize, seed: u64) -> (Vec<f64>, Tensor<3>) {
     let x = uniform_values(b * t * d, seed);
-    let xt = Tensor::<3>::from_data(TensorData::new(x.clone(), vec![b, t, d]), (&dev(), DType::F64));
+    let xt = Tensor::<3>::from_data(
+        TensorData::new(x.clone(), vec![b, t, d]),
+        (&dev(), DType::F64),
+    );
     (x, xt)
 }
 
@@ -158,10 +161,14 @@ fn reference_op_input(m: &LogLinearGatedDeltaNet, x: &[f64], b: usize, t: usize)
                     let mut out = Vec::new();
                     for row in dl.chunks(l) {
                         let hidden: Vec<f64> = (0..hid)
-                            .map(|j| gelu(b1[j] + (0..l).map(|i| row[i] * w1[i * hid + j]).sum::<f64>()))
+                            .map(|j| {
+                                gelu(b1[j] + (0..l).map(|i| row[i] * w1[i * hid + j]).sum::<f64>())
+                            })
                             .collect();
                         let logits: Vec<f64> = (0..l)
-                            .map(|o| b2[o] + (0..hid).map(|j| hidden[j] * w2[j * l + o]).sum::<f64>())
+                            .map(|o| {
+                                b2[o] + (0..hid).map(|j| hidden[j] * w2[j * l + o]).sum::<f64>()
+                            })
                             .collect();
                         if mode == LambdaMode::MlpSoftplus {
                             out.extend(logits.iter().map(|&z| softplus(z)));
@@ -189,7 +196,15 @@ fn reference_op_input(m: &LogLinearGatedDeltaNet, x: &[f64], b: usize, t: usize)
 
 /// The quadratic form of spec §5.2 as plain loops: for each query the vector
 /// `w = (𝒜_t ⋯ 𝒜_{s+1})ᵀ q̂_t` is carried back one key at a time.
-fn reference_core(x: &HostOpInput, b: usize, t: usize, h: usize, n: usize, p: usize, l: usize) -> Vec<f64> {
+fn reference_core(
+    x: &HostOpInput,
+    b: usize,
+    t: usize,
+    h: usize,
+    n: usize,
+    p: usize,
+    l: usize,
+) -> Vec<f64> {
     let mut o = vec![0.0; b * t * h * p];
     for bi in 0..b {
         for hi in 0..h {
@@ -217,19 +232,33 @@ fn reference_core(x: &HostOpInput, b: usize, t: usize, h: usize, n: usize, p: us
 
 /// The plain gated delta rule `S_t = a_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ`,
 /// `o_t = S_tᵀ q_t` (standard Gated DeltaNet, no levels).
-fn plain_gated_delta_rule(x: &HostOpInput, b: usize, t: usize, h: usize, n: usize, p: usize) -> Vec<f64> {
+fn plain_gated_delta_rule(
+    x: &HostOpInput,
+    b: usize,
+    t: usize,
+    h: usize,
+    n: usize,
+    p: usize,
+) -> Vec<f64> {
     let mut o = vec![0.0; b * t * h * p];
     for bi in 0..b {
         for hi in 0..h {
             let mut s = vec![0.0; n * p];
             for ti in 0..t {
                 let i = (bi * t + ti) * h + hi;
-                let (k, q, v) = (&x.k[i * n..i * n + n], &x.q[i * n..i * n + n], &x.v[i * p..i * p + p]);
+                let (k, q, v) = (
+                    &x.k[i * n..i * n + n],
+                    &x.q[i * n..i * n + n],
+                    &x.v[i * p..i * p + p],
+                );
                 let (a, beta) = (x.g[i].exp(), x.beta[i]);
-                let kts: Vec<f64> = (0..p).map(|j| (0..n).map(|r| k[r] * s[r * p + j]).sum()).collect();
+                let kts: Vec<f64> = (0..p)
+                    .map(|j| (0..n).map(|r| k[r] * s[r * p + j]).sum())
+                    .collect();
                 for r in 0..n {
                     for j in 0..p {
-                        s[r * p + j] = a * (s[r * p + j] - beta * k[r] * kts[j]) + beta * k[r] * v[j];
+                        s[r * p + j] =
+                            a * (s[r * p + j] - beta * k[r] * kts[j]) + beta * k[r] * v[j];
                     }
                 }
                 for j in 0..p {
@@ -242,7 +271,13 @@ fn plain_gated_delta_rule(x: &HostOpInput, b: usize, t: usize, h: usize, n: usiz
 }
 
 /// Per-head RMSNorm, the SiLU gate and o_proj on the core's output.
-fn reference_output(m: &LogLinearGatedDeltaNet, x: &[f64], core: &[f64], b: usize, t: usize) -> Vec<f64> {
+fn reference_output(
+    m: &LogLinearGatedDeltaNet,
+    x: &[f64],
+    core: &[f64],
+    b: usize,
+    t: usize,
+) -> Vec<f64> {
     let c = &m.config;
     let (d, h, p) = (c.d_model, c.heads, c.head_dim);
     let gate = matmul(x, &to_f64(&m.g_proj.weight.val()), d);
@@ -337,7 +372,12 @@ fn lambda_ones_is_plain_gated_deltanet() {
         let expected = reference_output(&m, &x, &core, b, t);
         for form in [Form::Chunked { chunk: 64 }, Form::Recurrent] {
             let y = m.forward(xt.clone(), form, None, false).y;
-            assert_close(&format!("λ ≡ 1, T={t} {form}"), &expected, &to_f64(&y), 1e-9);
+            assert_close(
+                &format!("λ ≡ 1, T={t} {form}"),
+                &expected,
+                &to_f64(&y),
+                1e-9,
+            );
         }
     }
 }
@@ -370,7 +410,12 @@ fn gdn_mixer_decoding_equals_full_forward() {
             1e-9,
         );
         let fs = full.state.unwrap();
-        assert_close("conv window", &to_f64(&fs.conv), &to_f64(&state.conv), 1e-12);
+        assert_close(
+            "conv window",
+            &to_f64(&fs.conv),
+            &to_f64(&state.conv),
+            1e-12,
+        );
         assert_close(
             "fenwick levels",
             &to_f64(&fs.fenwick.levels),
@@ -382,7 +427,12 @@ fn gdn_mixer_decoding_equals_full_forward() {
         // Prefill a prefix with the chunked form, then continue with the parallel form.
         if t > 5 {
             let split = t / 2 + 1;
-            let pre = m.forward(xt.clone().narrow(1, 0, split), Form::Chunked { chunk: 8 }, None, true);
+            let pre = m.forward(
+                xt.clone().narrow(1, 0, split),
+                Form::Chunked { chunk: 8 },
+                None,
+                true,
+            );
             let rest = m.forward(
                 xt.clone().narrow(1, split, t - split),
                 Form::Parallel,
@@ -425,7 +475,12 @@ fn gdn_lm_decoding_equals_parallel_forward() {
     let (b, t) = (2, 70);
     for mode in [LambdaMode::MlpSoftplus, LambdaMode::Ones] {
         let model = perturbed(tiny_gdn_lm(mode, num_levels(t)).init(3, &dev()), 9, 0.3);
-        assert!(model.blocks.iter().all(|blk| blk.mixer.is_none() && blk.gdn.is_some()));
+        assert!(
+            model
+                .blocks
+                .iter()
+                .all(|blk| blk.mixer.is_none() && blk.gdn.is_some())
+        );
         let tokens = loglinear::testing::random_tokens(b, t, 50, 4, &dev());
         let full = to_f64(&model.forward(tokens.clone(), Form::Parallel));
         let mut state = model.init_state(b, &dev());
@@ -435,7 +490,12 @@ fn gdn_lm_decoding_equals_parallel_forward() {
             stepped.push(model.step(tok, &mut state));
         }
         let stepped = Tensor::stack::<3>(stepped, 1);
-        assert_close(&format!("{mode} step vs parallel"), &full, &to_f64(&stepped), 1e-4);
+        assert_close(
+            &format!("{mode} step vs parallel"),
+            &full,
+            &to_f64(&stepped),
+            1e-4,
+        );
         let split = 45;
         let (prefix, mut pre) = model.prefill(tokens.clone().narrow(1, 0, split), 16);
         let mut rest = vec![prefix];
@@ -467,7 +527,11 @@ fn param_grads<M: Module>(module: &M, grads: &burn::tensor::Gradients) -> Vec<(S
             self.path.pop();
         }
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            let g = param.val().grad(self.grads).map(|g| to_f64(&g)).unwrap_or_default();
+            let g = param
+                .val()
+                .grad(self.grads)
+                .map(|g| to_f64(&g))
+                .unwrap_or_default();
             self.out.push((self.path.join("."), g));
         }
     }
@@ -487,7 +551,12 @@ fn param_grads<M: Module>(module: &M, grads: &burn::tensor::Gradients) -> Vec<(S
 fn gradients_reach_every_parameter() {
     let ad = dev().autodiff();
     let check = |what: &str, grads: Vec<(String, Vec<f64>)>, expect: usize| {
-        assert_eq!(grads.len(), expect, "{what}: parameters {:?}", grads.iter().map(|g| &g.0).collect::<Vec<_>>());
+        assert_eq!(
+            grads.len(),
+            expect,
+            "{what}: parameters {:?}",
+            grads.iter().map(|g| &g.0).collect::<Vec<_>>()
+        );
         for (name, g) in grads {
             assert!(!g.is_empty(), "{what}: {name} has no gradient");
             assert!(g.iter().all(|v| v.is_finite()), "{what}: {name} not finite");
@@ -500,11 +569,17 @@ fn gradients_reach_every_parameter() {
         let mut init = Init::new(1, &ad);
         let m = perturbed(cfg.init(&mut init, 0.4, 0.5), 2, 0.3);
         let x = Tensor::<3>::from_data(
-            TensorData::new(uniform_values(b * t * cfg.d_model, 3), vec![b, t, cfg.d_model]),
+            TensorData::new(
+                uniform_values(b * t * cfg.d_model, 3),
+                vec![b, t, cfg.d_model],
+            ),
             &ad,
         );
         let w = Tensor::<3>::from_data(
-            TensorData::new(uniform_values(b * t * cfg.d_model, 4), vec![b, t, cfg.d_model]),
+            TensorData::new(
+                uniform_values(b * t * cfg.d_model, 4),
+                vec![b, t, cfg.d_model],
+            ),
             &ad,
         );
         let y = m.forward(x, Form::Chunked { chunk: 8 }, None, false).y;
@@ -515,15 +590,33 @@ fn gradients_reach_every_parameter() {
             LambdaMode::MlpSoftplus | LambdaMode::MlpSoftmax => 5,
             LambdaMode::Ones => 0,
         };
-        check(&format!("mixer {mode}"), param_grads(&m, &grads), 11 + lambda);
+        check(
+            &format!("mixer {mode}"),
+            param_grads(&m, &grads),
+            11 + lambda,
+        );
     }
-    let lm = perturbed(tiny_gdn_lm(LambdaMode::Linear, num_levels(t)).init(0, &ad), 5, 0.3);
+    let lm = perturbed(
+        tiny_gdn_lm(LambdaMode::Linear, num_levels(t)).init(0, &ad),
+        5,
+        0.3,
+    );
     let tokens = loglinear::testing::random_tokens(b, t, 50, 1, &ad);
-    let grads = lm.forward(tokens.clone(), Form::Chunked { chunk: 8 }).sin().sum().backward();
+    let grads = lm
+        .forward(tokens.clone(), Form::Chunked { chunk: 8 })
+        .sin()
+        .sum()
+        .backward();
     // embedding, head, final norm; per block two norms, 3 MLP matrices, 13 mixer tensors.
     check("LM", param_grads(&lm, &grads), 3 + 2 * (2 + 3 + 13));
 
-    let mut cfg = SyntheticConfig::new(50, LambdaConfig { levels: num_levels(t), ..LambdaConfig::new() });
+    let mut cfg = SyntheticConfig::new(
+        50,
+        LambdaConfig {
+            levels: num_levels(t),
+            ..LambdaConfig::new()
+        },
+    );
     cfg.mixer = loglinear::nn::MixerKind::GatedDeltaNet;
     cfg.d_model = 16;
     cfg.d_state = 8;
@@ -544,7 +637,14 @@ fn gradients_reach_every_parameter() {
 #[test]
 fn synthetic_model_with_gated_deltanet_runs_the_delta_rule() {
     let t = 33;
-    let mut cfg = SyntheticConfig::new(40, LambdaConfig { levels: num_levels(t), mode: LambdaMode::Ones, ..LambdaConfig::new() });
+    let mut cfg = SyntheticConfig::new(
+        40,
+        LambdaConfig {
+            levels: num_levels(t),
+            mode: LambdaMode::Ones,
+            ..LambdaConfig::new()
+        },
+    );
     cfg.mixer = loglinear::nn::MixerKind::GatedDeltaNet;
     cfg.d_model = 8;
     cfg.d_state = 4;
@@ -559,8 +659,14 @@ fn synthetic_model_with_gated_deltanet_runs_the_delta_rule() {
     // The same model by hand: embed, project, normalise, delta rule, Wo, LayerNorms, head.
     let (d, h, n, p) = (8, 2, 4, 4);
     let table = to_f64(&model.embedding.val());
-    let ids: Vec<usize> = to_f64(&tokens.float()).iter().map(|&v| v as usize).collect();
-    let x: Vec<f64> = ids.iter().flat_map(|&i| table[i * d..(i + 1) * d].to_vec()).collect();
+    let ids: Vec<usize> = to_f64(&tokens.float())
+        .iter()
+        .map(|&v| v as usize)
+        .collect();
+    let x: Vec<f64> = ids
+        .iter()
+        .flat_map(|&i| table[i * d..(i + 1) * d].to_vec())
+        .collect();
     let layer = &model.layers[0];
     let w = |dense: &loglinear::nn::init::Dense| to_f64(&dense.weight.val());
     let unit = |mut v: Vec<f64>| {
@@ -581,18 +687,27 @@ fn synthetic_model_with_gated_deltanet_runs_the_delta_rule() {
             .enumerate()
             .map(|(i, &z)| -a_log[i % h].exp() * softplus(z + dt_bias[i % h]))
             .collect(),
-        beta: matmul(&x, &w(layer.wb.as_ref().unwrap()), d).iter().map(|&z| sigmoid(z)).collect(),
+        beta: matmul(&x, &w(layer.wb.as_ref().unwrap()), d)
+            .iter()
+            .map(|&z| sigmoid(z))
+            .collect(),
         lambda: vec![],
     };
     let y = plain_gated_delta_rule(&inp, 1, t, h, n, p);
-    let r: Vec<f64> = matmul(&y, &w(&layer.wo), h * p).iter().zip(&x).map(|(a, c)| a + c).collect();
+    let r: Vec<f64> = matmul(&y, &w(&layer.wo), h * p)
+        .iter()
+        .zip(&x)
+        .map(|(a, c)| a + c)
+        .collect();
     let layer_norm = |v: &[f64], norm: &loglinear::nn::init::LayerNorm| -> Vec<f64> {
         let (wt, bs) = (to_f64(&norm.weight.val()), to_f64(&norm.bias.val()));
         v.chunks(d)
             .flat_map(|row| {
                 let mean = row.iter().sum::<f64>() / d as f64;
                 let var = row.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / d as f64;
-                (0..d).map(move |j| 0.0 + (row[j] - mean) / (var + 1e-5).sqrt()).collect::<Vec<_>>()
+                (0..d)
+                    .map(move |j| 0.0 + (row[j] - mean) / (var + 1e-5).sqrt())
+                    .collect::<Vec<_>>()
             })
             .enumerate()
             .map(|(i, z)| z * wt[i % d] + bs[i % d])
@@ -614,15 +729,27 @@ fn parameter_counts_without_allocating() {
     for mode in LambdaMode::ALL {
         let cfg = small_gdn(mode, 6);
         let mut init = Init::new(0, &dev());
-        assert_eq!(cfg.num_params(), cfg.init(&mut init, 0.1, 1.0).num_params(), "gdn {mode}");
+        assert_eq!(
+            cfg.num_params(),
+            cfg.init(&mut init, 0.1, 1.0).num_params(),
+            "gdn {mode}"
+        );
         let lm = tiny_gdn_lm(mode, 6);
-        assert_eq!(lm.num_params(), lm.init(0, &dev()).num_params(), "gdn LM {mode}");
+        assert_eq!(
+            lm.num_params(),
+            lm.init(0, &dev()).num_params(),
+            "gdn LM {mode}"
+        );
         let mut m2 = LmConfig::new(50, 2, MixerConfig::new(32));
         m2.mixer.head_dim = 16;
         m2.mixer.n_groups = 2;
         m2.mixer.lambda.mode = mode;
         m2.tie_embeddings = true;
-        assert_eq!(m2.num_params(), m2.init(0, &dev()).num_params(), "mamba2 LM {mode}");
+        assert_eq!(
+            m2.num_params(),
+            m2.init(0, &dev()).num_params(),
+            "mamba2 LM {mode}"
+        );
     }
     // Spec §2.2: the mid log-linear Mamba-2 (D = 1536, 21 layers, 48 heads, vocab 32000).
     let mid = LmConfig::new(32000, 21, MixerConfig::new(1536));
@@ -639,7 +766,10 @@ fn parameter_counts_without_allocating() {
     assert_eq!(h_gdn.num_params(), 795_690_462);
     let plain = LmConfig {
         gdn: Some(GdnConfig {
-            lambda: LambdaConfig { mode: LambdaMode::Ones, ..LambdaConfig::new() },
+            lambda: LambdaConfig {
+                mode: LambdaMode::Ones,
+                ..LambdaConfig::new()
+            },
             ..gdn
         }),
         ..h_gdn
@@ -659,7 +789,13 @@ fn gdn_config_validation_names_the_field() {
     let mut lm = LmConfig::new(10, 1, MixerConfig::new(8));
     lm.gdn = Some(GdnConfig::new(16));
     assert_eq!(lm.validate().unwrap_err().field, "gdn.d_model");
-    lm.gdn = Some(GdnConfig { lambda: LambdaConfig { levels: 0, ..LambdaConfig::new() }, ..GdnConfig::new(8) });
+    lm.gdn = Some(GdnConfig {
+        lambda: LambdaConfig {
+            levels: 0,
+            ..LambdaConfig::new()
+        },
+        ..GdnConfig::new(8)
+    });
     assert_eq!(lm.validate().unwrap_err().field, "gdn.lambda.levels");
     // A Mamba-2 field the GDN LM does not read is not checked.
     lm.gdn = Some(GdnConfig::new(8));

@@ -727,7 +727,14 @@ fn lambda_mlp_dl_a_log_and_dt_bias_get_finite_difference_gradients() {
         (m.forward(tokens.clone(), Form::Chunked { chunk: 4 }) * weights.clone()).sum()
     };
     fn mlp(m: &mut LogLinearLm) -> &mut loglinear::nn::LambdaMlp {
-        m.blocks[0].mixer.as_mut().unwrap().lambda.mlp.as_mut().unwrap()
+        m.blocks[0]
+            .mixer
+            .as_mut()
+            .unwrap()
+            .lambda
+            .mlp
+            .as_mut()
+            .unwrap()
     }
     let lm_checked: Vec<Checked<LogLinearLm>> = vec![
         ("W1", |m| ParamRef::Two(&mut mlp(m).w1), None),

@@ -85,7 +85,10 @@ impl GdnConfig {
             super::LambdaMode::Ones => 0,
         };
         // q, k, v, a, b, g, o projections; conv; A_log, dt_bias; norm weight; λ.
-        d * (2 * h * n + h * p) + 2 * d * h + d * h * p + h * p * d
+        d * (2 * h * n + h * p)
+            + 2 * d * h
+            + d * h * p
+            + h * p * d
             + self.conv_dim() * self.conv_kernel
             + 2 * h
             + p
@@ -287,7 +290,8 @@ impl LogLinearGatedDeltaNet {
         };
         let padded = Tensor::cat(vec![window, qkv], 1); // [B, T+K−1, conv_dim]
         let weight = to_dtype(self.conv_weight.val(), dtype); // [conv_dim, K]
-        let mut conv = padded.clone().narrow(1, 0, t) * weight.clone().narrow(1, 0, 1).reshape([1, 1, conv_dim]);
+        let mut conv = padded.clone().narrow(1, 0, t)
+            * weight.clone().narrow(1, 0, 1).reshape([1, 1, conv_dim]);
         for j in 1..k {
             let w_j = weight.clone().narrow(1, j, 1).reshape([1, 1, conv_dim]);
             conv = conv + padded.clone().narrow(1, j, t) * w_j;

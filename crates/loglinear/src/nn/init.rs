@@ -98,7 +98,11 @@ impl Init {
     /// `2⁻⁵²·a_max`.
     pub fn a_log_uniform(&mut self, heads: usize, a_max: f64) -> Param<Tensor<1>> {
         let values = (0..heads)
-            .map(|_| (self.rng.random::<f64>() * a_max).max(f64::EPSILON * a_max).ln())
+            .map(|_| {
+                (self.rng.random::<f64>() * a_max)
+                    .max(f64::EPSILON * a_max)
+                    .ln()
+            })
             .collect();
         self.values(values, [heads])
     }

@@ -12,10 +12,10 @@ pub mod synthetic;
 pub mod transformer;
 
 pub use check::ConfigError;
+pub use gdn_mixer::{GdnConfig, LogLinearGatedDeltaNet};
 pub use init::Precision;
 pub use loss::cross_entropy_rows;
 pub use lambda::{LambdaConfig, LambdaMlp, LambdaMode, LevelWeights};
-pub use gdn_mixer::{GdnConfig, LogLinearGatedDeltaNet};
 pub use mixer::{LogLinearMamba2, MixerConfig, MixerKind, MixerOutput, MixerState};
 pub use model::{LmConfig, LmOutput, LogLinearLm, ModelState};
 pub use packed::{PackedSyntheticLm, packable};

@@ -7,8 +7,8 @@ use burn::prelude::*;
 use burn::tensor::activation::silu;
 
 use super::check::{ConfigError, positive, std_dev, width_when_set};
-use super::init::{Dense, Init, Precision, RmsNorm, to_dtype, wide};
 use super::gdn_mixer::{GdnConfig, LogLinearGatedDeltaNet};
+use super::init::{Dense, Init, Precision, RmsNorm, to_dtype, wide};
 use super::mixer::{LogLinearMamba2, MixerConfig, MixerKind, MixerOutput, MixerState};
 use crate::ops::Form;
 

@@ -216,9 +216,8 @@ impl SyntheticLm {
                     // q̂ = q/√(Σq² + ε), k̂ likewise, in the accumulation dtype.
                     let unit = |x: Tensor<4>| {
                         let x = to_dtype(x, acc);
-                        let norm = (x.clone().square().sum_dim(3)
-                            + super::gdn_mixer::L2_NORM_EPS)
-                            .sqrt();
+                        let norm =
+                            (x.clone().square().sum_dim(3) + super::gdn_mixer::L2_NORM_EPS).sqrt();
                         to_dtype(x / norm, dtype)
                     };
                     let beta = sigmoid(to_dtype(wb.forward(x.clone()), acc));
