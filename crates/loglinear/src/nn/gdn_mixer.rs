@@ -121,10 +121,10 @@ impl GdnConfig {
                 format!("must be positive and finite, got {}", self.a_init_max),
             ));
         }
-        if !(self.norm_eps > 0.0) {
+        if !(self.norm_eps > 0.0 && self.norm_eps.is_finite()) {
             return Err(ConfigError::new(
                 "norm_eps",
-                format!("must be positive, got {}", self.norm_eps),
+                format!("must be positive and finite, got {}", self.norm_eps),
             ));
         }
         Ok(())
