@@ -6,7 +6,8 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use loglinear::fenwick::num_levels;
 use loglinear::nn::{
-    ConfigError, LambdaConfig, LambdaInit, LambdaMode, LmConfig, MixerConfig, Precision,
+    ConfigError, GdnConfig, LambdaConfig, LambdaInit, LambdaMode, LmConfig, MixerConfig, MixerKind,
+    Precision,
     SyntheticConfig, TransformerConfig,
 };
 use loglinear::ops::{DEFAULT_CHUNK, Form};
@@ -44,7 +45,9 @@ fn default_name() -> String {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Arch {
-    /// The log-linear Mamba-2 LM of the official code (conv, gate, gated RMSNorm, GatedMLP).
+    /// The log-linear LM of the official code (GatedMLP blocks) with its log-linear Mamba-2 mixer
+    /// (conv, gate, gated RMSNorm), or with `mixer = "gated_deltanet"` the log-linear Gated
+    /// DeltaNet mixer of spec §5.1.
     Mamba2,
     /// The simplified model of the adaptive-decay paper's synthetic runs (spec §7.2.2).
     #[default]
@@ -84,6 +87,8 @@ pub enum FormName {
 pub struct ModelConfig {
     /// Architecture (default `paper_synthetic`).
     pub arch: Arch,
+    /// Sequence mixer (paper_synthetic, mamba2): `mamba2` (default) or `gated_deltanet`.
+    pub mixer: Option<MixerKind>,
     /// λ mode (paper_synthetic, mamba2).
     pub lambda: Option<LambdaMode>,
     /// λ slots; default `num_levels` of the longest sequence the run sees (train or test
@@ -100,17 +105,18 @@ pub struct ModelConfig {
     pub d_model: Option<usize>,
     /// Number of layers.
     pub n_layers: Option<usize>,
-    /// Heads (paper_synthetic, transformer; for mamba2 heads = expand·d_model/head_dim).
+    /// Heads (paper_synthetic, transformer, mamba2 with the gated_deltanet mixer; for the
+    /// mamba2 mixer heads = expand·d_model/head_dim).
     pub heads: Option<usize>,
     /// Value width per head `P` (paper_synthetic, mamba2).
     pub head_dim: Option<usize>,
-    /// Key width `N` (paper_synthetic, mamba2).
+    /// Key width `N` (paper_synthetic, mamba2; fla's `head_dim` for the gated_deltanet mixer).
     pub d_state: Option<usize>,
-    /// Inner width factor (mamba2).
+    /// Inner width factor (mamba2 with the mamba2 mixer).
     pub expand: Option<usize>,
-    /// B/C groups (mamba2).
+    /// B/C groups (mamba2 with the mamba2 mixer).
     pub n_groups: Option<usize>,
-    /// Conv width (mamba2).
+    /// Conv width (mamba2; the q/k/v short convolutions of the gated_deltanet mixer).
     pub conv_kernel: Option<usize>,
     /// MLP width (mamba2, transformer); default by the architecture's rule.
     pub mlp_width: Option<usize>,
@@ -133,6 +139,11 @@ impl ModelConfig {
     /// The λ mode (the library's default where the key is absent).
     pub fn lambda(&self) -> LambdaMode {
         self.lambda.unwrap_or_default()
+    }
+
+    /// The sequence mixer (`mamba2` where the key is absent).
+    pub fn mixer(&self) -> MixerKind {
+        self.mixer.unwrap_or_default()
     }
 
     /// Chunk size of the chunked form (the library's usual one where the key is absent).
@@ -379,6 +390,7 @@ impl ExperimentConfig {
         let network = match m.arch {
             Arch::PaperSynthetic => {
                 let mut c = SyntheticConfig::new(vocab, LambdaConfig::new());
+                r.mixer = bind(m.mixer, &mut c.mixer);
                 bind_op(&mut c.lambda, &mut r);
                 r.d_model = bind(m.d_model, &mut c.d_model);
                 r.n_layers = bind(m.n_layers, &mut c.n_layers);
@@ -389,10 +401,35 @@ impl ExperimentConfig {
                 c.precision = m.precision;
                 Network::PaperSynthetic(c)
             }
+            Arch::Mamba2 if m.mixer() == MixerKind::GatedDeltaNet => {
+                let d = required("d_model", m.d_model)?;
+                let mut c = LmConfig::new(
+                    vocab,
+                    required("n_layers", m.n_layers)?,
+                    MixerConfig::new(d),
+                );
+                let mut g = GdnConfig::new(d);
+                r.mixer = Some(MixerKind::GatedDeltaNet);
+                bind_op(&mut g.lambda, &mut r);
+                r.d_model = Some(d);
+                r.heads = bind(m.heads, &mut g.heads);
+                r.d_state = bind(m.d_state, &mut g.d_state);
+                r.head_dim = bind(m.head_dim, &mut g.head_dim);
+                r.conv_kernel = bind(m.conv_kernel, &mut g.conv_kernel);
+                c.gdn = Some(g);
+                r.n_layers = Some(c.n_layers);
+                r.tie_embeddings = bind(m.tie_embeddings, &mut c.tie_embeddings);
+                r.initializer_range = bind(m.initializer_range, &mut c.initializer_range);
+                c.mlp_width = m.mlp_width;
+                r.mlp_width = Some(c.mlp_width());
+                c.precision = m.precision;
+                Network::Mamba2(c)
+            }
             Arch::Mamba2 => {
                 let mixer = MixerConfig::new(required("d_model", m.d_model)?);
                 let mut c = LmConfig::new(vocab, required("n_layers", m.n_layers)?, mixer);
                 bind_op(&mut c.mixer.lambda, &mut r);
+                r.mixer = Some(MixerKind::Mamba2);
                 let x = &mut c.mixer;
                 r.d_model = Some(x.d_model);
                 r.expand = bind(m.expand, &mut x.expand);
@@ -528,6 +565,12 @@ impl ExperimentConfig {
                 .with_seq_len(test)
                 .validate()
                 .map_err(|e| anyhow::anyhow!("eval.test_seq_len = {test}: {}", task_error(&e)))?;
+        }
+        if self.model.arch == Arch::Transformer && self.model.mixer.is_some() {
+            bail!(
+                "model.mixer applies to arch = \"mamba2\" and \"paper_synthetic\" (the log-linear \
+                 models); the transformer mixes with softmax attention: leave the key out"
+            );
         }
         // The model: the library checks its config; what the run adds (the levels its longest
         // sequence needs, the chunk of the form) is checked here, for the arch that reads it.

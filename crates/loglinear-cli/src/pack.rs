@@ -44,11 +44,15 @@ pub struct PackRun {
 
 /// What decides whether two runs can share a pack: the tensor shapes of their models and of
 /// their batches (training and evaluation), the core-op form and the optimiser family. `None`
-/// for runs that train alone (language models, architectures other than `paper_synthetic`).
+/// for runs that train alone (language models, architectures other than `paper_synthetic`, the
+/// `gated_deltanet` mixer: [`loglinear::nn::packable`] says why).
 pub fn pack_key(cfg: &ExperimentConfig) -> Option<String> {
     let Ok(Network::PaperSynthetic(m)) = cfg.network() else {
         return None;
     };
+    if loglinear::nn::packable(std::slice::from_ref(&m)).is_err() {
+        return None;
+    }
     if cfg.task.is_lm() {
         return None;
     }

@@ -6,7 +6,8 @@
 //! * [`ops`]: the core op in its parallel, chunked and recurrent forms, and the fused form;
 //!   [`ops::gdn`]: the same forms for log-linear Gated DeltaNet;
 //! * `kernels` (features `cuda`, `wgpu`): the fused CubeCL kernels behind `Form::Fused`;
-//! * [`nn`]: the log-linear Mamba-2 mixer, the λ modes and the language models, with decoding;
+//! * [`nn`]: the log-linear Mamba-2 and Gated DeltaNet mixers, the λ modes and the language
+//!   models, with decoding;
 //! * [`host`]: host (f64) copies of tensors and inputs, the op as plain f64 loops, and how far
 //!   two results are apart;
 //! * [`testing`]: checking one implementation against another (gradients of any form, assertions

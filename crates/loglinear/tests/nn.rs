@@ -281,7 +281,7 @@ fn mlp_softplus_lambda_is_identity_at_init_and_survives_model_construction() {
     let t = 20;
     let model = tiny_lm(LambdaMode::MlpSoftplus, 8).init(5, &dev());
     for block in &model.blocks {
-        let mlp = block.mixer.lambda.mlp.as_ref().unwrap();
+        let mlp = block.mixer.as_ref().unwrap().lambda.mlp.as_ref().unwrap();
         assert!(
             to_f64(&mlp.w2.val()).iter().all(|v| *v == 0.0),
             "W2 was re-initialised"
@@ -802,7 +802,7 @@ fn lambda_mlp_dl_a_log_and_dt_bias_get_finite_difference_gradients() {
         tiny_lm(LambdaMode::MlpSoftplus, num_levels(t)).init(3, &ad),
         DType::F64,
     );
-    let mixer = &lm.blocks[0].mixer;
+    let mixer = lm.blocks[0].mixer.as_ref().unwrap();
     let [rows, width] = mixer.in_proj.weight.val().dims();
     let dl_cols = mixer.lambda.dl_width();
     let dl_part: Vec<usize> = (0..rows)
@@ -812,7 +812,14 @@ fn lambda_mlp_dl_a_log_and_dt_bias_get_finite_difference_gradients() {
         (m.forward(tokens.clone(), Form::Chunked { chunk: 4 }) * weights.clone()).sum()
     };
     fn mlp(m: &mut LogLinearLm) -> &mut loglinear::nn::LambdaMlp {
-        m.blocks[0].mixer.lambda.mlp.as_mut().unwrap()
+        m.blocks[0]
+            .mixer
+            .as_mut()
+            .unwrap()
+            .lambda
+            .mlp
+            .as_mut()
+            .unwrap()
     }
     let lm_checked: Vec<Checked<LogLinearLm>> = vec![
         ("W1", |m| ParamRef::Two(&mut mlp(m).w1), None),
@@ -821,17 +828,17 @@ fn lambda_mlp_dl_a_log_and_dt_bias_get_finite_difference_gradients() {
         ("b2", |m| ParamRef::One(&mut mlp(m).b2), None),
         (
             "dl",
-            |m| ParamRef::Two(&mut m.blocks[0].mixer.in_proj.weight),
+            |m| ParamRef::Two(&mut m.blocks[0].mixer.as_mut().unwrap().in_proj.weight),
             Some(dl_part),
         ),
         (
             "A_log",
-            |m| ParamRef::One(&mut m.blocks[0].mixer.a_log),
+            |m| ParamRef::One(&mut m.blocks[0].mixer.as_mut().unwrap().a_log),
             None,
         ),
         (
             "dt_bias",
-            |m| ParamRef::One(&mut m.blocks[0].mixer.dt_bias),
+            |m| ParamRef::One(&mut m.blocks[0].mixer.as_mut().unwrap().dt_bias),
             None,
         ),
     ];

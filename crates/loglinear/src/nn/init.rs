@@ -92,6 +92,20 @@ impl Init {
             .collect();
         self.values(values, [heads])
     }
+
+    /// `A_log = ln A` with `A ~ U(0, a_max)` per head (fla's Gated DeltaNet, `A_init_range =
+    /// (0, 16)`). A draw of exactly 0 (probability 2⁻⁵³) would give −∞, so `A` is floored at
+    /// `2⁻⁵²·a_max`.
+    pub fn a_log_uniform(&mut self, heads: usize, a_max: f64) -> Param<Tensor<1>> {
+        let values = (0..heads)
+            .map(|_| {
+                (self.rng.random::<f64>() * a_max)
+                    .max(f64::EPSILON * a_max)
+                    .ln()
+            })
+            .collect();
+        self.values(values, [heads])
+    }
 }
 
 /// Which dtype a model computes in. Parameters (the master weights) and the optimiser state

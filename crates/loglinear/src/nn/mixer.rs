@@ -4,12 +4,42 @@
 use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::activation::{silu, softplus};
+use serde::{Deserialize, Serialize};
 
 use super::check::{ConfigError, positive};
 use super::init::{Dense, Init, to_dtype, wide};
 use super::lambda::{LambdaConfig, LevelWeights};
 use crate::fenwick;
 use crate::ops::{FenwickState, Form, LogLinearInput, log_linear_attn};
+
+/// Which sequence mixer a model's layers use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum MixerKind {
+    /// Log-linear Mamba-2 (the scalar-decay op, [`LogLinearMamba2`] in the LM).
+    #[default]
+    #[serde(rename = "mamba2")]
+    Mamba2,
+    /// Log-linear Gated DeltaNet (the delta-rule op of spec §5,
+    /// [`LogLinearGatedDeltaNet`](super::LogLinearGatedDeltaNet) in the LM).
+    #[serde(rename = "gated_deltanet")]
+    GatedDeltaNet,
+}
+
+impl MixerKind {
+    /// The config name (`mamba2`, `gated_deltanet`).
+    pub fn name(self) -> &'static str {
+        match self {
+            MixerKind::Mamba2 => "mamba2",
+            MixerKind::GatedDeltaNet => "gated_deltanet",
+        }
+    }
+}
+
+impl std::fmt::Display for MixerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// Sizes and choices of one mixer; the defaults are the official layer's (E = 2, P = 64, N = 128,
 /// G = 1, K = 4, 15 levels, linear λ). `d_inner = expand·d_model = heads·head_dim`.
@@ -63,6 +93,27 @@ impl MixerConfig {
     /// Channels of the convolution: `x | B | C = d_inner + 2·G·N`.
     pub fn conv_dim(&self) -> usize {
         self.d_inner() + 2 * self.n_groups * self.d_state
+    }
+
+    /// Parameters of one mixer, counted without allocating (equals `init(..).num_params()`).
+    pub fn num_params(&self) -> usize {
+        let (d, di, h) = (self.d_model, self.d_inner(), self.heads());
+        let l = self.lambda.levels;
+        let lambda = match self.lambda.mode {
+            super::LambdaMode::Linear => h * l + d * h * l,
+            super::LambdaMode::MlpSoftplus | super::LambdaMode::MlpSoftmax => {
+                let hid = self.lambda.mlp_hidden;
+                2 * l * hid + hid + l + d * h * l
+            }
+            super::LambdaMode::Ones => 0,
+        };
+        // in_proj (z | xBC | dt), conv weight and bias, dt_bias, A_log, D, norm, out_proj, λ.
+        d * (di + self.conv_dim() + h)
+            + self.conv_dim() * (self.conv_kernel + 1)
+            + 3 * h
+            + di
+            + di * d
+            + lambda
     }
 
     /// Checks the sizes and that they fit together, naming the field that does not.

@@ -1,6 +1,7 @@
-//! Modules: the λ modes, the log-linear Mamba-2 mixer and the language model.
+//! Modules: the λ modes, the log-linear Mamba-2 and Gated DeltaNet mixers and the models.
 
 pub mod check;
+pub mod gdn_mixer;
 pub mod init;
 pub mod lambda;
 pub mod loss;
@@ -11,10 +12,11 @@ pub mod synthetic;
 pub mod transformer;
 
 pub use check::ConfigError;
+pub use gdn_mixer::{GdnConfig, LogLinearGatedDeltaNet};
 pub use init::Precision;
 pub use lambda::{LambdaConfig, LambdaInit, LambdaMlp, LambdaMode, LevelWeights};
 pub use loss::cross_entropy_rows;
-pub use mixer::{LogLinearMamba2, MixerConfig, MixerOutput, MixerState};
+pub use mixer::{LogLinearMamba2, MixerConfig, MixerKind, MixerOutput, MixerState};
 pub use model::{LmConfig, LmOutput, LogLinearLm, ModelState};
 pub use packed::{PackedSyntheticLm, packable};
 pub use synthetic::{SyntheticConfig, SyntheticLm};

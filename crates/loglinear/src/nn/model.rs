@@ -1,13 +1,15 @@
-//! The log-linear Mamba-2 language model (spec §2.4): embedding → N × [RMSNorm → mixer →
-//! residual → RMSNorm → GatedMLP → residual] → RMSNorm → LM head; with prefill and decoding.
+//! The log-linear language model (spec §2.4): embedding → N × [RMSNorm → mixer → residual →
+//! RMSNorm → GatedMLP → residual] → RMSNorm → LM head; with prefill and decoding. The mixer is
+//! log-linear Mamba-2 (spec §2.3) or log-linear Gated DeltaNet (spec §5.1).
 
 use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::activation::silu;
 
 use super::check::{ConfigError, positive, std_dev, width_when_set};
+use super::gdn_mixer::{GdnConfig, LogLinearGatedDeltaNet};
 use super::init::{Dense, Init, Precision, RmsNorm, to_dtype, wide};
-use super::mixer::{LogLinearMamba2, MixerConfig, MixerState};
+use super::mixer::{LogLinearMamba2, MixerConfig, MixerKind, MixerOutput, MixerState};
 use crate::ops::Form;
 
 /// Language-model configuration.
@@ -17,8 +19,12 @@ pub struct LmConfig {
     pub vocab_size: usize,
     /// Number of blocks.
     pub n_layers: usize,
-    /// The mixer of every block (its `d_model` is the model width).
+    /// The Mamba-2 mixer of every block (its `d_model` is the model width).
     pub mixer: MixerConfig,
+    /// When set, every block mixes with log-linear Gated DeltaNet instead of `mixer` (whose
+    /// `d_model` still gives the model width, and must equal this one's).
+    #[config(default = "None")]
+    pub gdn: Option<GdnConfig>,
     /// GatedMLP width; `None` = `256·⌈int(8·D/3)/256⌉` (spec §2.4).
     pub mlp_width: Option<usize>,
     /// Share the embedding matrix with the LM head.
@@ -41,6 +47,36 @@ impl LmConfig {
         self.mixer.d_model
     }
 
+    /// Which mixer the blocks use.
+    pub fn mixer_kind(&self) -> MixerKind {
+        if self.gdn.is_some() {
+            MixerKind::GatedDeltaNet
+        } else {
+            MixerKind::Mamba2
+        }
+    }
+
+    /// The λ of the blocks' mixer.
+    pub fn lambda(&self) -> &super::LambdaConfig {
+        match &self.gdn {
+            Some(g) => &g.lambda,
+            None => &self.mixer.lambda,
+        }
+    }
+
+    /// Parameters of the model, counted without allocating (equals `init(..).num_params()`).
+    pub fn num_params(&self) -> usize {
+        let (v, d, w) = (self.vocab_size, self.d_model(), self.mlp_width());
+        let mixer = match &self.gdn {
+            Some(g) => g.num_params(),
+            None => self.mixer.num_params(),
+        };
+        // Per block: two norms, the mixer, the GatedMLP; then the final norm, embedding, head.
+        let block = 2 * d + mixer + 3 * d * w;
+        let head = if self.tie_embeddings { 0 } else { d * v };
+        self.n_layers * block + d + v * d + head
+    }
+
     /// GatedMLP width: the configured one or `256·⌈int(D·4·2/3)/256⌉`.
     pub fn mlp_width(&self) -> usize {
         self.mlp_width
@@ -50,7 +86,23 @@ impl LmConfig {
     /// Checks the sizes, naming the field that is out of range.
     pub fn validate(&self) -> Result<(), ConfigError> {
         positive(&[("vocab_size", self.vocab_size), ("n_layers", self.n_layers)])?;
-        self.mixer.validate().map_err(|e| e.within("mixer"))?;
+        match &self.gdn {
+            // The Mamba-2 mixer's other fields are not read when Gated DeltaNet mixes.
+            Some(g) => {
+                g.validate().map_err(|e| e.within("gdn"))?;
+                if g.d_model != self.mixer.d_model {
+                    return Err(ConfigError::new(
+                        "gdn.d_model",
+                        format!(
+                            "({}) must equal the model width mixer.d_model = {}",
+                            g.d_model, self.mixer.d_model
+                        ),
+                    ));
+                }
+                positive(&[("mixer.d_model", self.mixer.d_model)])?;
+            }
+            None => self.mixer.validate().map_err(|e| e.within("mixer"))?,
+        }
         width_when_set("mlp_width", self.mlp_width)?;
         std_dev("initializer_range", self.initializer_range)
     }
@@ -71,7 +123,11 @@ impl LmConfig {
         let blocks = (0..self.n_layers)
             .map(|_| Block {
                 mixer_norm: RmsNorm::new(&mut init, d, self.norm_eps),
-                mixer: self.mixer.init(&mut init, std, out_scale),
+                mixer: self
+                    .gdn
+                    .is_none()
+                    .then(|| self.mixer.init(&mut init, std, out_scale)),
+                gdn: self.gdn.as_ref().map(|g| g.init(&mut init, std, out_scale)),
                 mlp_norm: RmsNorm::new(&mut init, d, self.norm_eps),
                 mlp: GatedMlp::new(&mut init, d, self.mlp_width(), std, out_scale),
             })
@@ -116,17 +172,57 @@ impl GatedMlp {
     }
 }
 
-/// One pre-norm residual block.
+/// One pre-norm residual block. Exactly one of `mixer` and `gdn` is set. (Two optional fields
+/// rather than an enum: an enum module adds its variant to every tensor's name, and the
+/// checkpoints of Mamba-2 runs written before Gated DeltaNet existed name theirs
+/// `blocks.N.mixer.…`.)
 #[derive(Module, Debug)]
 pub struct Block {
     /// Norm before the mixer.
     pub mixer_norm: RmsNorm,
     /// The log-linear Mamba-2 mixer.
-    pub mixer: LogLinearMamba2,
+    pub mixer: Option<LogLinearMamba2>,
+    /// The log-linear Gated DeltaNet mixer.
+    pub gdn: Option<LogLinearGatedDeltaNet>,
     /// Norm before the MLP.
     pub mlp_norm: RmsNorm,
     /// The GatedMLP.
     pub mlp: GatedMlp,
+}
+
+impl Block {
+    /// The mixer's forward (see [`LogLinearMamba2::forward`]).
+    fn mix(
+        &self,
+        x: Tensor<3>,
+        form: Form,
+        state: Option<&MixerState>,
+        return_state: bool,
+    ) -> MixerOutput {
+        match (&self.mixer, &self.gdn) {
+            (Some(m), None) => m.forward(x, form, state, return_state),
+            (None, Some(g)) => g.forward(x, form, state, return_state),
+            _ => panic!("Block: exactly one of mixer and gdn must be set"),
+        }
+    }
+
+    /// The mixer's decoding step.
+    fn mix_step(&self, x: Tensor<2>, state: &mut MixerState) -> Tensor<2> {
+        match (&self.mixer, &self.gdn) {
+            (Some(m), None) => m.step(x, state),
+            (None, Some(g)) => g.step(x, state),
+            _ => panic!("Block: exactly one of mixer and gdn must be set"),
+        }
+    }
+
+    /// An empty decoding state of the mixer.
+    fn init_state(&self, b: usize, device: &Device) -> MixerState {
+        match (&self.mixer, &self.gdn) {
+            (Some(m), None) => m.init_state(b, device),
+            (None, Some(g)) => g.init_state(b, device),
+            _ => panic!("Block: exactly one of mixer and gdn must be set"),
+        }
+    }
 }
 
 /// Decoding state of the whole model: one mixer state per block.
@@ -159,7 +255,7 @@ pub struct LmOutput {
     pub state: Option<ModelState>,
 }
 
-/// The log-linear Mamba-2 language model.
+/// The log-linear language model (Mamba-2 or Gated DeltaNet mixers).
 #[derive(Module, Debug)]
 pub struct LogLinearLm {
     /// Token embedding `[V, D]`.
@@ -201,7 +297,7 @@ impl LogLinearLm {
         let mut lambda = Vec::new();
         let mut states = Vec::new();
         for (i, block) in self.blocks.iter().enumerate() {
-            let out = block.mixer.forward(
+            let out = block.mix(
                 block.mixer_norm.forward(h.clone()),
                 form,
                 state.map(|s| &s.layers[i]),
@@ -237,7 +333,7 @@ impl LogLinearLm {
             layers: self
                 .blocks
                 .iter()
-                .map(|blk| blk.mixer.init_state(b, device))
+                .map(|blk| blk.init_state(b, device))
                 .collect(),
         }
     }
@@ -249,7 +345,7 @@ impl LogLinearLm {
     pub fn step(&self, token: Tensor<1, Int>, state: &mut ModelState) -> Tensor<2> {
         let mut h = self.embed(token.unsqueeze_dim(1)).squeeze_dim::<2>(1);
         for (block, st) in self.blocks.iter().zip(&mut state.layers) {
-            let r = h.clone() + block.mixer.step(block.mixer_norm.forward(h), st);
+            let r = h.clone() + block.mix_step(block.mixer_norm.forward(h), st);
             h = r.clone()
                 + block
                     .mlp

@@ -14,6 +14,7 @@ use burn::tensor::activation::{gelu, softmax, softplus};
 
 use super::init::{Dense, LayerNorm, to_dtype, wide};
 use super::lambda::{LambdaMlp, LambdaMode, LevelWeights};
+use super::mixer::MixerKind;
 use super::synthetic::{SyntheticConfig, SyntheticLayer, SyntheticLm};
 use crate::fenwick;
 use crate::ops::{Form, LogLinearInput, log_linear_attn};
@@ -231,8 +232,10 @@ fn norm(n: &PackedLayerNorm, r: usize) -> LayerNorm {
     }
 }
 
-/// Whether models of these configs can be packed: the same shapes everywhere (λ modes of one
-/// parameter layout). `Err` names the first field that differs.
+/// Whether models of these configs can be packed: the Mamba-2 op (the packed model has no
+/// Gated DeltaNet path: that op's chunked form is already batched over its inputs, and its runs
+/// train alone) and the same shapes everywhere (λ modes of one parameter layout). `Err` names
+/// the reason or the first field that differs.
 pub fn packable(configs: &[SyntheticConfig]) -> Result<(), String> {
     let Some(first) = configs.first() else {
         return Err("no models to pack".into());
@@ -242,6 +245,12 @@ pub fn packable(configs: &[SyntheticConfig]) -> Result<(), String> {
         LambdaMode::MlpSoftplus | LambdaMode::MlpSoftmax => 1,
         LambdaMode::Ones => 2,
     };
+    if let Some(c) = configs.iter().find(|c| c.mixer != MixerKind::Mamba2) {
+        return Err(format!(
+            "the {} mixer does not pack: the packed model runs the Mamba-2 op only",
+            c.mixer
+        ));
+    }
     for c in &configs[1..] {
         let checks = [
             ("vocab_size", c.vocab_size == first.vocab_size),
@@ -347,6 +356,7 @@ impl PackedSyntheticLm {
                 wv: dense(&l.wv, r),
                 wdl: l.wdl.as_ref().map(|d| dense(d, r)),
                 wdt: dense(&l.wdt, r),
+                wb: None,
                 dt_bias: replica(&l.dt_bias, r),
                 a_log: replica(&l.a_log, r),
                 lambda: LevelWeights {

@@ -1,15 +1,19 @@
 //! The simplified model the adaptive-decay paper used for its synthetic tasks (spec §7.2.2):
 //! q/k/v/dl/dt projections straight from the residual stream, no conv, no gate, no D skip,
-//! `v` not scaled by Δ, post-LayerNorm residual blocks.
+//! `v` not scaled by Δ, post-LayerNorm residual blocks. With `mixer = gated_deltanet` the same
+//! layer runs the log-linear Gated DeltaNet op (spec §5) instead, adding only what the delta rule
+//! needs: q and k L2-normalised per head and `β = σ(W_b x)`.
 
 use burn::module::Param;
 use burn::prelude::*;
-use burn::tensor::activation::softplus;
+use burn::tensor::activation::{sigmoid, softplus};
 
 use super::check::{ConfigError, positive, std_dev};
 use super::init::{Dense, Init, LayerNorm, Precision, to_dtype, wide};
 use super::lambda::{LambdaConfig, LevelWeights};
+use super::mixer::MixerKind;
 use crate::fenwick;
+use crate::ops::gdn::{GdnInput, gdn_attn};
 use crate::ops::{Form, LogLinearInput, log_linear_attn};
 
 /// Configuration of the synthetic-task model; the defaults are the paper's setting (d = 64,
@@ -41,6 +45,9 @@ pub struct SyntheticConfig {
     /// Compute dtype (mixed precision); parameters stay f32.
     #[config(default = "Precision::Full")]
     pub precision: Precision,
+    /// The core op: log-linear Mamba-2 (the paper's model) or log-linear Gated DeltaNet.
+    #[config(default = "MixerKind::Mamba2")]
+    pub mixer: MixerKind,
 }
 
 impl SyntheticConfig {
@@ -54,6 +61,9 @@ impl SyntheticConfig {
             ("d_state", self.d_state),
             ("head_dim", self.head_dim),
         ])?;
+        if self.mixer == MixerKind::GatedDeltaNet {
+            super::gdn_mixer::check_key_width(self.d_state)?;
+        }
         self.lambda.validate().map_err(|e| e.within("lambda"))?;
         std_dev("initializer_range", self.initializer_range)
     }
@@ -83,7 +93,10 @@ impl SyntheticConfig {
                 let dl = (lambda.dl_width() > 0)
                     .then(|| Dense::normal(&mut init, d, lambda.dl_width(), std));
                 let dt_bias = init.dt_bias(h, 1e-3, 1e-1, 1e-4);
+                let wb = (self.mixer == MixerKind::GatedDeltaNet)
+                    .then(|| Dense::normal(&mut init, d, h, std));
                 SyntheticLayer {
+                    wb,
                     wq: Dense::normal(&mut init, d, h * self.d_state, std),
                     wk: Dense::normal(&mut init, d, h * self.d_state, std),
                     wv: Dense::normal(&mut init, d, h * self.head_dim, std),
@@ -125,6 +138,8 @@ pub struct SyntheticLayer {
     pub wdl: Option<Dense>,
     /// `d → H`.
     pub wdt: Dense,
+    /// `d → H`: β = σ(W_b x) of the Gated DeltaNet op (absent for Mamba-2).
+    pub wb: Option<Dense>,
     /// `[H]`.
     pub dt_bias: Param<Tensor<1>>,
     /// `[H]`.
@@ -183,16 +198,41 @@ impl SyntheticLm {
             let g = delta * to_dtype(layer.a_log.val(), acc).exp().neg().unsqueeze();
             let dl = layer.wdl.as_ref().map(|w| w.forward(x.clone()));
             let lambda = layer.lambda.forward(dl, &g);
-            let input = LogLinearInput {
-                q: layer.wq.forward(x.clone()).reshape([b, t, h, n]),
-                k: layer.wk.forward(x.clone()).reshape([b, t, h, n]),
-                v: layer.wv.forward(x.clone()).reshape([b, t, h, p]),
-                g,
-                lambda: lambda.clone(),
+            let q = layer.wq.forward(x.clone()).reshape([b, t, h, n]);
+            let k = layer.wk.forward(x.clone()).reshape([b, t, h, n]);
+            let v = layer.wv.forward(x.clone()).reshape([b, t, h, p]);
+            let o = match &layer.wb {
+                None => {
+                    let input = LogLinearInput {
+                        q,
+                        k,
+                        v,
+                        g,
+                        lambda: lambda.clone(),
+                    };
+                    log_linear_attn(&input, form, None, false).o
+                }
+                Some(wb) => {
+                    // q̂ = q/√(Σq² + ε), k̂ likewise, in the accumulation dtype.
+                    let unit = |x: Tensor<4>| {
+                        let x = to_dtype(x, acc);
+                        let norm =
+                            (x.clone().square().sum_dim(3) + super::gdn_mixer::L2_NORM_EPS).sqrt();
+                        to_dtype(x / norm, dtype)
+                    };
+                    let beta = sigmoid(to_dtype(wb.forward(x.clone()), acc));
+                    let input = GdnInput {
+                        q: unit(q),
+                        k: unit(k),
+                        v,
+                        g: to_dtype(g, dtype),
+                        beta: to_dtype(beta, dtype),
+                        lambda: to_dtype(lambda.clone(), dtype),
+                    };
+                    gdn_attn(&input, form, None, false).o
+                }
             };
-            let y = log_linear_attn(&input, form, None, false)
-                .o
-                .reshape([b, t, h * p]);
+            let y = o.reshape([b, t, h * p]);
             x = layer.norm.forward(x + layer.wo.forward(y));
             if trace_lambda {
                 trace.push(lambda);
