@@ -103,7 +103,7 @@ fn groups(model: &Model) -> Vec<(String, Vec<f64>)> {
     };
     let mut out = Vec::new();
     for (i, block) in lm.blocks.iter().enumerate() {
-        let m = &block.mixer;
+        let m = block.mixer.as_ref().expect("a Mamba-2 block");
         let c = &m.config;
         let (di, gn, h) = (c.d_inner(), c.n_groups * c.d_state, c.heads());
         let w = m.in_proj.weight.val();
