@@ -12,6 +12,9 @@ const CONFIDENCE: f64 = 0.95;
 /// Bootstrap resamples (fixed seed: a summary is reproducible).
 const RESAMPLES: usize = 10_000;
 
+/// Rows that share a setting apart from the compared key: that setting, and the rows.
+type Group<'a> = (Vec<(String, String)>, Vec<&'a SummaryRow>);
+
 /// When run `curve` (`(step, accuracy)` per evaluation) first reached `solved_at`.
 fn first_solved(curve: &[(usize, f64)], solved_at: f64) -> Option<usize> {
     curve
@@ -32,7 +35,7 @@ pub fn comparisons(rows: &[SummaryRow], options: &SummaryOptions) -> String {
     }
     let lm = rows.iter().any(|r| r.lm);
     // Rows grouped by their setting without the compared key, in the summary's order.
-    let mut groups: Vec<(Vec<(String, String)>, Vec<&SummaryRow>)> = Vec::new();
+    let mut groups: Vec<Group> = Vec::new();
     for row in rows {
         let rest: Vec<(String, String)> = row
             .setting

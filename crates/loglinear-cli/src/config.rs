@@ -7,8 +7,7 @@ use anyhow::{Context, Result, bail};
 use loglinear::fenwick::num_levels;
 use loglinear::nn::{
     ConfigError, GdnConfig, LambdaConfig, LambdaInit, LambdaMode, LmConfig, MixerConfig, MixerKind,
-    Precision,
-    SyntheticConfig, TransformerConfig,
+    Precision, SyntheticConfig, TransformerConfig,
 };
 use loglinear::ops::{DEFAULT_CHUNK, Form};
 use serde::{Deserialize, Serialize};

@@ -178,6 +178,7 @@ pub fn recompute(
 }
 
 /// Generates `n` tokens after `prompt`; calls `emit` with each new token as it is produced.
+#[allow(clippy::too_many_arguments)] // each is a separate choice of the `generate` command
 pub fn generate(
     model: &Model,
     prompt: &[u32],

@@ -72,6 +72,8 @@ pub struct Adam {
 
 /// A per-replica factor: a plain scalar for one model (no extra tensors), a `[R, 1]` column for
 /// a pack.
+// The tensor variant is larger, but there are two of these per optimiser step: boxing buys nothing.
+#[allow(clippy::large_enum_variant)]
 enum Coef {
     Scalar(f32),
     Rows(Tensor<2>),

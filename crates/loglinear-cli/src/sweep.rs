@@ -390,7 +390,7 @@ pub fn summarise(sweep_dir: &Path) -> Result<Vec<SummaryRow>> {
 /// evaluations (cut short by a time budget) are included from their metrics and marked as such.
 pub fn summarise_with(sweep_dir: &Path, options: &SummaryOptions) -> Result<Vec<SummaryRow>> {
     let index = read_index(sweep_dir)?;
-    let mut groups: BTreeMap<Vec<(String, String)>, Vec<(String, RunInfo)>> = BTreeMap::new();
+    let mut groups: BTreeMap<Setting, Vec<(String, RunInfo)>> = BTreeMap::new();
     for point in &index.points {
         let run_dir = sweep_dir.join(&point.dir);
         let path = run_dir.join("summary.json");
@@ -511,6 +511,9 @@ impl Default for SummaryOptions {
         }
     }
 }
+
+/// Swept key → value pairs of a setting (the seed left out), in key order.
+type Setting = Vec<(String, String)>;
 
 /// A run as the summary reads it.
 struct RunInfo {
@@ -746,10 +749,9 @@ fn plot_summary(dir: &Path, rows: &[SummaryRow], keys: &[String]) -> Result<Vec<
             .get(&x_key)
             .is_some_and(|v| v.parse::<f64>().is_ok())
     });
-    let mut facets: BTreeMap<
-        Vec<(String, String)>,
-        BTreeMap<String, Vec<(f64, f64, f64, String)>>,
-    > = BTreeMap::new();
+    // facet → series (λ mode) → points (x, mean, std, category).
+    type Points = Vec<(f64, f64, f64, String)>;
+    let mut facets: BTreeMap<Setting, BTreeMap<String, Points>> = BTreeMap::new();
     let mut categories: Vec<String> = Vec::new();
     for r in rows {
         let facet: Vec<(String, String)> = r

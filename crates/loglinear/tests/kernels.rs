@@ -137,7 +137,9 @@ fn tensor_core_kernels_match_reference_in_bf16() {
             !cfg!(feature = "cuda"),
             "this CUDA device has no bf16 tensor cores: the default GPU path cannot be tested"
         );
-        eprintln!("skipped: no bf16 tensor cores on this device (run on CUDA: scripts/gpu-test.sh)");
+        eprintln!(
+            "skipped: no bf16 tensor cores on this device (run on CUDA: scripts/gpu-test.sh)"
+        );
         return;
     }
     let cases = [

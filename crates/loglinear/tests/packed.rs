@@ -248,13 +248,26 @@ fn packable_names_what_differs() {
     b.d_model = 16;
     assert!(packable(&[a.clone(), b]).unwrap_err().contains("d_model"));
     let c = config(LambdaMode::MlpSoftplus);
-    assert!(packable(&[a.clone(), c]).unwrap_err().contains("lambda.mode"));
-    assert!(packable(&[config(LambdaMode::MlpSoftmax), config(LambdaMode::MlpSoftplus)]).is_ok());
+    assert!(
+        packable(&[a.clone(), c])
+            .unwrap_err()
+            .contains("lambda.mode")
+    );
+    assert!(
+        packable(&[
+            config(LambdaMode::MlpSoftmax),
+            config(LambdaMode::MlpSoftplus)
+        ])
+        .is_ok()
+    );
     // The packed model runs the Mamba-2 op only: a Gated DeltaNet model does not pack, even alone.
     let gdn = SyntheticConfig {
         mixer: loglinear::nn::MixerKind::GatedDeltaNet,
         ..config(LambdaMode::Linear)
     };
     let why = packable(std::slice::from_ref(&gdn)).unwrap_err();
-    assert!(why.contains("gated_deltanet") && why.contains("Mamba-2"), "{why}");
+    assert!(
+        why.contains("gated_deltanet") && why.contains("Mamba-2"),
+        "{why}"
+    );
 }
