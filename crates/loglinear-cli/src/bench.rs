@@ -266,11 +266,21 @@ pub fn check_op(device: &Device, form: Form, dtype: DType, n: usize, p: usize) -
     let xd = host.to_input(dtype, &ad);
     let dod = Tensor::<4>::from_data(d_o.to_data(), (&ad, dtype));
     let got = loglinear::testing::run_with_grads(&xd, &dod, form, None);
+    worst_error(&reference, &got, &format!("{form} form on {device:?}"))
+}
+
+/// Worst max-relative error of `got` against `reference` over the output and every gradient;
+/// an error naming `what` if a gradient is non-finite or all zero (a path that never ran).
+fn worst_error(
+    reference: &loglinear::testing::FormResult,
+    got: &loglinear::testing::FormResult,
+    what: &str,
+) -> Result<f64> {
     let mut worst = closeness(&reference.o, &got.o).max_rel;
     for ((name, r), (_, g)) in reference.grads.iter().zip(&got.grads) {
         let c = closeness(r, g);
         if c.non_finite || g.iter().all(|v| *v == 0.0) {
-            bail!("{form} form on {device:?}: {name} is non-finite or zero");
+            bail!("{what}: {name} is non-finite or zero");
         }
         worst = worst.max(c.max_rel);
     }
@@ -803,15 +813,11 @@ pub fn check_gdn_op(device: &Device, form: Form, dtype: DType, n: usize, p: usiz
     let xd = GdnInput::random(dims, seed, dtype, &ad);
     let dod = Tensor::<4>::from_data(d_o.to_data(), (&ad, dtype));
     let got = run_gdn_with_grads(&xd, &dod, form, None);
-    let mut worst = closeness(&reference.o, &got.o).max_rel;
-    for ((name, r), (_, g)) in reference.grads.iter().zip(&got.grads) {
-        let c = closeness(r, g);
-        if c.non_finite || g.iter().all(|v| *v == 0.0) {
-            bail!("gdn {form} form on {device:?}: {name} is non-finite or zero (seed {seed})");
-        }
-        worst = worst.max(c.max_rel);
-    }
-    Ok(worst)
+    worst_error(
+        &reference,
+        &got,
+        &format!("gdn {form} form on {device:?} (seed {seed})"),
+    )
 }
 
 /// `bench op --variant gdn`: the Gated DeltaNet op's chunked form, checked first against the f64
