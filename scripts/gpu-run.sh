@@ -204,8 +204,9 @@ train-cold:*)
     rm -rf /tmp/cache-$level
     /usr/bin/time -f "process wall %e s" env LOGLINEAR_AUTOTUNE_LEVEL=$level LOGLINEAR_KERNEL_CACHE=/tmp/cache-$level \
         LOGLINEAR_COMPILE_LOG=/tmp/compile-$level.log \
-        timeout $(left ${COLD_TIMEOUT:-420}) $bin bench train --device cuda --runs 10 --modes linear --profile 3 2>&1 \
-        | tee "$out/train_cold_$level.txt" | grep -v "Fastest result" | grep -E "^check|^\| (log|trans|\*\*)|^profiled"
+        timeout $(left ${COLD_TIMEOUT:-420}) $bin bench train --device cuda --runs 10 --modes linear --profile 3 \
+        ${NO_CHECK:+--no-check} 2>&1 \
+        | tee "$out/train_cold_$level.txt" | grep -v "Fastest result" | grep -E "^check|^\| (log|trans|\*\*)|^profiled|rror|panic|wall"
     echo "autotune decisions printed: $(grep -c "Fastest result" "$out/train_cold_$level.txt")"
     if [[ -f /tmp/compile-$level.log ]]; then
         echo "kernels compiled: $(grep -c 'Compiling kernel' /tmp/compile-$level.log); most compiled:"
@@ -221,9 +222,9 @@ train-modes:*)
     step "bench train T=$len batch $batch, all modes, autotune $level"
     cache=/tmp/cache-$level; [[ $level == minimal ]] && cache=$LOGLINEAR_KERNEL_CACHE
     LOGLINEAR_AUTOTUNE_LEVEL=$level LOGLINEAR_KERNEL_CACHE=$cache \
-        timeout $(left 400) $bin bench train --device cuda --runs 10 --seq-len $len --batch $batch --no-check \
+        timeout $(left ${MODES_TIMEOUT:-400}) $bin bench train --device cuda --runs 10 --seq-len $len --batch $batch --no-check \
         --modes ${MODES:-linear,mlp_softplus,ones,transformer} 2>&1 \
-        | grep -v "Fastest result" | tee "$out/train_${len}x${batch}_$level.txt" | grep -E "^\| (log|trans)"
+        | grep -v "Fastest result" | tee "$out/train_${len}x${batch}_${level}_${MODES:-all}.txt" | grep -E "^\| (log|trans)|rror|panic"
     ;;
 pack-alone)
     # One MQAR run alone vs 24 runs of the same shape as one pack (T = 256, K ∈ {4..32}, 3 seeds,
@@ -264,8 +265,8 @@ cold-compile)
     # headers (CUBECL_NVRTC_PCH=1) or keeping NVRTC's CUBIN (CUBECL_NVRTC_CUBIN=1, no second
     # ptxas at module load) shortens it (both opt-in in the offline cubecl-cuda patch): a small LM
     # (D = 128, 2 layers, T = 256 × 8) from an empty cache per variant; wall time to the end,
-    # kernels compiled, and the step time (which must not change).
-    for v in plain pch cubin both; do
+    # kernels compiled, and the step time (which must not change). $VARIANTS picks a subset.
+    for v in ${VARIANTS:-plain pch cubin both}; do
         envs=(); case $v in pch) envs=(CUBECL_NVRTC_PCH=1);; cubin) envs=(CUBECL_NVRTC_CUBIN=1);;
             both) envs=(CUBECL_NVRTC_PCH=1 CUBECL_NVRTC_CUBIN=1);; esac
         rm -rf /tmp/cold-$v /tmp/compile-$v.log
@@ -273,7 +274,8 @@ cold-compile)
         /usr/bin/time -f "$v: process wall %e s" env "${envs[@]}" LOGLINEAR_KERNEL_CACHE=/tmp/cold-$v \
             LOGLINEAR_COMPILE_LOG=/tmp/compile-$v.log LOGLINEAR_AUTOTUNE_LOG=0 \
             timeout $(left 150) $bin bench train --device cuda --d-model 128 --layers 2 --seq-len 256 \
-            --batch 8 --runs 3 --modes linear --no-check 2>&1 | grep -E "^\| log|wall|error" | tee -a "$out/cold_compile.txt"
+            --batch 8 --runs 3 --modes linear --no-check > "$out/cold_compile_$v.log" 2>&1
+        grep -E "^\| log|wall|rror|panic" "$out/cold_compile_$v.log" | tee -a "$out/cold_compile.txt"
         echo "$v: kernels compiled: $(grep -c 'Compiling kernel' /tmp/compile-$v.log 2>/dev/null)" | tee -a "$out/cold_compile.txt"
     done
     ;;
@@ -293,7 +295,7 @@ op-gdn)
     # The Gated DeltaNet op (chunked tensor form, bf16 inputs computed in f32) at the published
     # H-GDN head shape (H = 6, N = 192, P = 384), beside the Mamba-2 op's anchors.
     step "bench op --variant gdn, H=6 N=192 P=384, bf16"
-    timeout $(left 200) $bin bench op --variant gdn --device cuda --dtype bf16 --runs 5 \
+    timeout $(left ${GDN_TIMEOUT:-200}) $bin bench op --variant gdn --device cuda --dtype bf16 --runs 5 \
         --heads 6 --n 192 --p 384 --t 2048,8192 --tokens 32768 2>&1 | tee "$out/bench_op_gdn.txt"
     ;;
 cache-save)
