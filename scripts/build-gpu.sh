@@ -10,7 +10,7 @@
 #
 # Usage: scripts/build-gpu.sh [--no-patch] [--tests]
 #   --no-patch: online machines, upstream crate.
-#   --tests: also the kernel test binaries (crates/loglinear/tests/kernels*.rs) built for CUDA,
+#   --tests: also the kernel test binaries (crates/loglinear/tests/kernels.rs) built for CUDA,
 #            compressed into bin-gpu/tests/ for scripts/gpu-test.sh on the GPU machine (the GPU
 #            machine has no Rust toolchain). They are built with the binary's profile and
 #            features, so they reuse its compiled dependencies.
@@ -59,7 +59,7 @@ if (( tests )); then
     # Both packages selected so that their features unify exactly as in the binary's build.
     rm -rf "$out/tests" && mkdir -p "$out/tests"
     cargo test --profile gpu-release -p loglinear-cli -p loglinear --features loglinear-cli/cuda \
-        --no-run --test kernels --test kernels_shared_states --message-format=json "${config[@]}" |
+        --no-run --test kernels --message-format=json "${config[@]}" |
         grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | while read -r exe; do
             name=$(basename "$exe" | sed 's/-[0-9a-f]*$//')
             xz -T0 -6 -c "$exe" > "$out/tests/$name.xz"

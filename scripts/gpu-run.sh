@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine: scripts/gpu-run.sh STEP... where STEP is one of
-#   smoke | profile | op-vec | op-pad | op-nopad | profile-fwd | commands | kernels | op | op-tc | op-final | op-check | train-fused | train-forms | commands-lm | op-fused | op-chunks | op-long | op-chunked | train | train-short
+#   smoke | profile | profile-fwd | commands | kernels | op | op-check | train-fused | train-forms | commands-lm | op-long | op-chunked | train | train-short
 #   | train-long | train-32k | decode
 #   | mqar-timing | train-cold:LEVEL | train-modes:LEVEL:T:B | pack-alone | pack-grid:STEPS
 #   | sweep:CONFIG:JOBS[:SET,SET...] | lm-eval:NAME | op-gdn | cache-save | cold-compile | pack-profile
@@ -37,37 +37,9 @@ kernels)
     step "fused kernel checks"
     timeout ${KERNELS_TIMEOUT:-240} $bin bench kernels --device cuda 2>&1 | tee "$out/bench_kernels.txt"
     ;;
-op-fused)
-    step "bench op bf16, fused, level states in shared memory (default)"
-    timeout 100 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused 2>&1 | tee "$out/bench_op_fused_bf16.txt"
-    step "bench op bf16, fused, level states in global memory"
-    LOGLINEAR_FUSED_STATES=global timeout 100 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused 2>&1 | tee "$out/bench_op_fused_bf16_global.txt"
-    step "bench op bf16, fused, chunk 64"
-    LOGLINEAR_FUSED_CHUNK=64 timeout 70 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused 2>&1 | tee "$out/bench_op_fused_bf16_c64.txt"
-    step "bench op f32, fused, λ learned and ≡ 1"
-    timeout 70 $bin bench op --device cuda --dtype f32 --runs 5 --forms fused --lambda-one 2>&1 | tee "$out/bench_op_fused_f32.txt"
-    ;;
 train-short)
     step "bench train T=512 batch 64 (bf16, fused)"
     timeout 110 $bin bench train --device cuda --runs 3 --modes linear,mlp_softplus,ones 2>&1 | tee "$out/bench_train_fused.txt"
-    ;;
-op-chunks)
-    for c in 16 64; do
-        step "bench op bf16, fused, chunk $c"
-        LOGLINEAR_FUSED_CHUNK=$c timeout 150 $bin bench op --device cuda --dtype bf16 --runs 10 --forms fused 2>&1 | tee "$out/bench_op_bf16_c$c.txt"
-    done
-    ;;
-op-tc)
-    step "bench op bf16, fused, tensor-core forward (chunk 64)"
-    timeout 200 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 2048,8192,32768 2>&1 | tee "$out/bench_op_fused_tc.txt"
-    step "bench op bf16, fused, tensor-core forward (chunk 32)"
-    LOGLINEAR_TC_CHUNK=32 timeout 120 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 2048,8192 2>&1 | tee "$out/bench_op_fused_tc32.txt"
-    ;;
-op-final)
-    step "bench op bf16, fused (tensor cores fwd and bwd, chunk 64), λ learned and ≡ 1, fused Mamba-2"
-    timeout 240 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 2048,8192,32768 --lambda-one 2>&1 | tee "$out/bench_op_fused_final.txt"
-    step "bench op bf16, fused (tensor cores, chunk 32)"
-    LOGLINEAR_TC_CHUNK=32 timeout 100 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 2048,8192 2>&1 | tee "$out/bench_op_fused_final_c32.txt"
     ;;
 train-fused)
     step "bench train T=512 batch 64 (bf16, fused), λ linear"
@@ -94,20 +66,6 @@ profile)
             $bin bench op --device cuda --dtype bf16 --runs 1 --forms fused --t 8192 2>&1 \
             | grep -v "^==PROF==" | tee "$out/ncu_fused.txt" | tail -150
     fi
-    ;;
-op-vec)
-    step "bench op bf16, fused, 16-byte loads (default), T = 2048, 8192, 32768, λ learned and ≡ 1 with fused Mamba-2"
-    timeout 240 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 2048,8192,32768 --lambda-one 2>&1 | tee "$out/bench_op_vec.txt"
-    step "bench op bf16, fused, one element per load (LOGLINEAR_TC_VEC=1), T = 8192"
-    LOGLINEAR_TC_VEC=1 timeout 100 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 8192 2>&1 | tee "$out/bench_op_novec.txt"
-    ;;
-op-pad)
-    step "bench op bf16, fused, padded shared rows (default), T = 2048, 8192, 32768, λ learned and ≡ 1 with fused Mamba-2"
-    timeout 240 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 2048,8192,32768 --lambda-one 2>&1 | tee "$out/bench_op_pad.txt"
-    ;;
-op-nopad)
-    step "bench op bf16, fused, unpadded shared rows (LOGLINEAR_TC_PAD=0), T = 8192"
-    LOGLINEAR_TC_PAD=0 timeout 100 $bin bench op --device cuda --dtype bf16 --runs 5 --forms fused --t 8192 2>&1 | tee "$out/bench_op_nopad.txt"
     ;;
 profile-fwd)
     step "ncu, forward kernel only, bf16, T = 8192"

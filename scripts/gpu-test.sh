@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine: the kernel tests (crates/loglinear/tests/kernels*.rs) built for CUDA by
+# Runs on the GPU machine: the kernel tests (crates/loglinear/tests/kernels.rs) built for CUDA by
 # `scripts/build-gpu.sh --tests` and carried in bin-gpu/tests/: every fused kernel, the bf16
 # tensor-core path included (T = 1, 70, 200, 4096 and 32,768), against the f64 reference, all
 # gradients. Each test prints its random seed on failure; `LOGLINEAR_TEST_SEED=N` replays it.

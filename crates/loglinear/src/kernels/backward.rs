@@ -19,7 +19,8 @@
 use cubecl::prelude::*;
 
 use super::cube::{
-    REWRITES_CLEAR_BITS, REWRITES_SET_BITS, THREADS, advance_scales, bitlen, load_chunk, row,
+    Geometry, REWRITES_CLEAR_BITS, REWRITES_SET_BITS, THREADS, advance_scales, bitlen, load_chunk,
+    row,
 };
 
 /// Causal half of the backward: `dq` (per value tile) and `dλ` (per value tile).
@@ -45,13 +46,11 @@ pub fn causal_backward_kernel<E: Float, G: Float>(
     seq: usize,
     heads: usize,
     width: usize,
-    #[comptime] chunk: usize,
-    #[comptime] nk: usize,
-    #[comptime] pt: usize,
-    #[comptime] levels: usize,
-    #[comptime] nlev: usize,
+    #[comptime] geo: Geometry,
     #[define(E, G)] _dtypes: [ElemType; 2],
 ) {
+    let (chunk, nk, pt) = comptime!((geo.chunk, geo.nk, geo.pt));
+    let (levels, nlev) = comptime!((geo.levels, geo.nlev));
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
     let bi = bh / heads;
@@ -329,13 +328,11 @@ pub fn anticausal_backward_kernel<E: Float, G: Float>(
     seq: usize,
     heads: usize,
     width: usize,
-    #[comptime] chunk: usize,
-    #[comptime] nk: usize,
-    #[comptime] pt: usize,
-    #[comptime] levels: usize,
-    #[comptime] nlev: usize,
+    #[comptime] geo: Geometry,
     #[define(E, G)] _dtypes: [ElemType; 2],
 ) {
+    let (chunk, nk, pt) = comptime!((geo.chunk, geo.nk, geo.pt));
+    let (levels, nlev) = comptime!((geo.levels, geo.nlev));
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
     let bi = bh / heads;

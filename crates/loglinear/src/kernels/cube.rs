@@ -9,8 +9,9 @@
 //! Chunk `j` (of `C` tokens) sees earlier chunks through chunk levels `i ≥ 1` (token level
 //! `log2 C + i`): the pairs of chunk level `i` are keys in the first half and queries in the
 //! second half of an aligned period of `2^i` chunks. One accumulator per chunk level holds the
-//! current period's key half as an `nk × pt` state, in a global scratch buffer or
-//! (`smem_states`) in shared memory, with a lazy decay factor per level in shared memory (a
+//! current period's key half as an `nk × pt` state in a global scratch buffer (L2-resident at
+//! best; keeping them in shared memory forced narrow tiles and one cube per multiprocessor, 1.2–1.6×
+//! slower on the H200, bench/RESULTS.md session 2), with a lazy decay factor per level in shared memory (a
 //! multiply per chunk instead of a pass over the state). Decays are exponentials of in-chunk
 //! cumulative sums and of per-chunk totals only, never of long differences. See
 //! `kernels/README.md` for the derivation.
@@ -19,6 +20,23 @@ use cubecl::prelude::*;
 
 /// Threads per cube.
 pub const THREADS: usize = 256;
+
+/// The compile-time sizes of one launch, shared by every kernel: a kernel is compiled once per
+/// geometry (the planner in `launch.rs` chooses `chunk` and `pt`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub struct Geometry {
+    /// Tokens per chunk (16, 32 or 64).
+    pub chunk: usize,
+    /// Key width `N` (of `q`, `k`).
+    pub nk: usize,
+    /// Value columns per cube (16, 32 or 64); a launch has `ceil(P / pt)` value tiles.
+    pub pt: usize,
+    /// λ slots per token (`L`).
+    pub levels: usize,
+    /// Level states a cube keeps: the chunk levels of the sequence (for Mamba-2, one state once
+    /// there is an earlier chunk).
+    pub nlev: usize,
+}
 
 /// Number of bits of `x` (`bitlen(0) = 0`), the level of a pair at distance pattern `x = t ^ s`.
 #[cube]
@@ -194,8 +212,7 @@ pub fn advance_scales(
 ///
 /// Shapes: `a, b: [B, T, H, nk]`, `c: [B, T, H, width]` (dtype `E`), `g: [B, T, H]`,
 /// `lambda: [B, T, H, levels]` (dtype `G`, f32 under mixed precision), all contiguous;
-/// `out: [B, T, H, width]` (f32); `states`:
-/// `tiles·B·H·nlev·nk·pt` f32 scratch (one element with `smem_states`).
+/// `out: [B, T, H, width]` (f32); `states`: `tiles·B·H·nlev·nk·pt` f32 scratch.
 /// Grid `(B·H, tiles)`, [`THREADS`] units.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
@@ -211,15 +228,12 @@ pub fn causal_kernel<E: Float, G: Float>(
     seq: usize,
     heads: usize,
     width: usize,
-    #[comptime] chunk: usize,
-    #[comptime] nk: usize,
-    #[comptime] pt: usize,
-    #[comptime] levels: usize,
-    #[comptime] nlev: usize,
-    #[comptime] smem_states: bool,
+    #[comptime] geo: Geometry,
     #[comptime] single: bool,
     #[define(E, G)] _dtypes: [ElemType; 2],
 ) {
+    let (chunk, nk, pt) = comptime!((geo.chunk, geo.nk, geo.pt));
+    let (levels, nlev) = comptime!((geo.levels, geo.nlev));
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
     let bi = bh / heads;
@@ -246,13 +260,6 @@ pub fn causal_kernel<E: Float, G: Float>(
     let mut kd = Shared::<[f32]>::new_slice(chunk);
     let mut eg = Shared::<[f32]>::new_slice(chunk);
     let mut scale = Shared::<[f32]>::new_slice(comptime!(nlev.max(1)));
-    // The level states: in shared memory when they fit (`smem_states`), else in the global
-    // scratch `states` (L2-resident at best).
-    let mut st = Shared::<[f32]>::new_slice(comptime!(if smem_states {
-        nlev.max(1) * nk * pt
-    } else {
-        1
-    }));
 
     if u < nlev {
         scale[u] = 1.0f32;
@@ -334,11 +341,7 @@ pub fn causal_kernel<E: Float, G: Float>(
                     tmp[r] = 0.0f32;
                 }
                 for n in 0..nk {
-                    let z = if smem_states {
-                        st[lvi * level_size + n * pt + pc]
-                    } else {
-                        states[base + n * pt + pc]
-                    };
+                    let z = states[base + n * pt + pc];
                     #[unroll]
                     for r in 0..rows_out {
                         tmp[r] += qs[(rbase + r * rstep) * qs_stride + n] * z;
@@ -405,17 +408,10 @@ pub fn causal_kernel<E: Float, G: Float>(
                         if n < nk {
                             let e = n * pt + pc;
                             let mut old = 0.0f32;
-                            if smem_states {
-                                if !fresh {
-                                    old = st[lvi * level_size + e] * f;
-                                }
-                                st[lvi * level_size + e] = old + ks[r];
-                            } else {
-                                if !fresh {
-                                    old = states[base + e] * f;
-                                }
-                                states[base + e] = old + ks[r];
+                            if !fresh {
+                                old = states[base + e] * f;
                             }
+                            states[base + e] = old + ks[r];
                         }
                     }
                 }

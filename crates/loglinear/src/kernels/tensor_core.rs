@@ -27,7 +27,7 @@ use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
 use super::cube::{
-    REWRITES_ALL, REWRITES_CLEAR_BITS, THREADS, advance_scales, bitlen, load_decays, row,
+    Geometry, REWRITES_ALL, REWRITES_CLEAR_BITS, THREADS, advance_scales, bitlen, load_decays, row,
 };
 
 /// Edge of one tensor-core tile.
@@ -60,15 +60,12 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
     seq: usize,
     heads: usize,
     width: usize,
-    #[comptime] chunk: usize,
-    #[comptime] nk: usize,
-    #[comptime] pt: usize,
-    #[comptime] levels: usize,
-    #[comptime] nlev: usize,
+    #[comptime] geo: Geometry,
     #[comptime] single: bool,
-    #[comptime] pad: bool,
     #[define(E, G)] _dtypes: [ElemType; 2],
 ) {
+    let (chunk, nk, pt) = comptime!((geo.chunk, geo.nk, geo.pt));
+    let (levels, nlev) = comptime!((geo.levels, geo.nlev));
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
     let bi = bh / heads;
@@ -86,25 +83,27 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
     let level_size = comptime!(nk * pt);
     let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt / 4);
 
-    // With `pad`, rows of every shared tile are padded (8 bf16, 4 f32) so that the 16 rows of
-    // a tile fall on different banks: with rows of 128 bf16 or 64 f32 (256 bytes) every row of
-    // a tile started on the same bank, and the shared-memory pipe was the kernel's busiest unit.
-    let ldk = comptime!(row_len_input(nk, pad));
-    let ldv = comptime!(row_len_input(pt, pad));
-    let ldw = comptime!(row_len_input(chunk, pad));
-    let lss = comptime!(row_len_f32(chunk, pad));
-    let lso = comptime!(row_len_f32(pt, pad));
+    // Rows of every shared tile are padded (8 bf16, 4 f32) so that the 16 rows of a tile fall
+    // on different banks: with rows of 128 bf16 or 64 f32 (256 bytes) every row of a tile
+    // started on the same bank, and the shared-memory pipe was the kernel's busiest unit
+    // (unpadded: 2.0× the forward and 1.8× the forward+backward time at T = 8192, bench/RESULTS.md
+    // session 4).
+    let ldk = comptime!(row_len_input(nk));
+    let ldv = comptime!(row_len_input(pt));
+    let ldw = comptime!(row_len_input(chunk));
+    let lss = comptime!(row_len_f32(chunk));
+    let lso = comptime!(row_len_f32(pt));
     let mut qb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldk), ALIGN);
     let mut kb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldk), ALIGN);
     let mut vb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldv), ALIGN);
     // One buffer, three uses in turn: the in-chunk weights S̃ (`C × C`), each level state read
     // (`nk × pt`), the key-decayed values kd ⊙ V (`C × pt`).
     let mut scratch =
-        Shared::<[E]>::new_aligned_slice(comptime!(tc_scratch_len(chunk, nk, pt, pad)), ALIGN);
+        Shared::<[E]>::new_aligned_slice(comptime!(tc_scratch_len(chunk, nk, pt)), ALIGN);
     // The low half of a split operand, never written here (`read_level` without `split`).
     let mut unused = Shared::<[E]>::new_slice(1usize);
     // Staging of every product's f32 result: scores, S̃V, QH, the key state.
-    let stage_size = comptime!(stage_len(chunk, nk, pt, pad));
+    let stage_size = comptime!(stage_len(chunk, nk, pt));
     let mut stage = Shared::<[f32]>::new_aligned_slice(stage_size, ALIGN);
     let mut lam = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
     let mut graw = Shared::<[f32]>::new_slice(chunk);
@@ -409,60 +408,53 @@ pub fn tile_matmul<E: Float>(
     }
 }
 
-/// Shared row length of a tile `cols` wide in the input dtype: with `pad`, 8 more (16 bytes),
+/// Shared row length of a tile `cols` wide in the input dtype: 8 more (16 bytes),
 /// so that consecutive rows start 4 banks apart and a tile's 16 rows spread over all banks.
-pub const fn row_len_input(cols: usize, pad: bool) -> usize {
-    if pad { cols + 8 } else { cols }
+pub const fn row_len_input(cols: usize) -> usize {
+    cols + 8
 }
 
-/// Shared row length of an f32 tile `cols` wide: with `pad`, 4 more (16 bytes), as
+/// Shared row length of an f32 tile `cols` wide: 4 more (16 bytes), as
 /// [`row_len_input`].
-pub const fn row_len_f32(cols: usize, pad: bool) -> usize {
-    if pad { cols + 4 } else { cols }
+pub const fn row_len_f32(cols: usize) -> usize {
+    cols + 4
 }
 
 /// f32 elements of the forward's staging buffer: the largest product result (scores `C × C`,
 /// outputs `C × pt`, key state `nk × pt`).
-pub const fn stage_len(chunk: usize, nk: usize, pt: usize, pad: bool) -> usize {
-    let mut len = chunk * row_len_f32(chunk, pad);
-    if chunk * row_len_f32(pt, pad) > len {
-        len = chunk * row_len_f32(pt, pad);
+pub const fn stage_len(chunk: usize, nk: usize, pt: usize) -> usize {
+    let mut len = chunk * row_len_f32(chunk);
+    if chunk * row_len_f32(pt) > len {
+        len = chunk * row_len_f32(pt);
     }
-    if nk * row_len_f32(pt, pad) > len {
-        len = nk * row_len_f32(pt, pad);
+    if nk * row_len_f32(pt) > len {
+        len = nk * row_len_f32(pt);
     }
     len
 }
 
 /// Input-dtype elements of the forward's scratch buffer (weights `C × C`, a level state
 /// `nk × pt`, kd ⊙ V `C × pt`).
-pub const fn tc_scratch_len(chunk: usize, nk: usize, pt: usize, pad: bool) -> usize {
-    let mut len = chunk * row_len_input(chunk, pad);
-    if nk * row_len_input(pt, pad) > len {
-        len = nk * row_len_input(pt, pad);
+pub const fn tc_scratch_len(chunk: usize, nk: usize, pt: usize) -> usize {
+    let mut len = chunk * row_len_input(chunk);
+    if nk * row_len_input(pt) > len {
+        len = nk * row_len_input(pt);
     }
-    if chunk * row_len_input(pt, pad) > len {
-        len = chunk * row_len_input(pt, pad);
+    if chunk * row_len_input(pt) > len {
+        len = chunk * row_len_input(pt);
     }
     len
 }
 
 /// Shared memory (bytes) of one cube of [`causal_tc_kernel`] with `elem` bytes per input
 /// element, plus the alignment padding of the five aligned buffers.
-pub fn tc_shared_bytes(
-    chunk: usize,
-    nk: usize,
-    pt: usize,
-    levels: usize,
-    elem: usize,
-    pad: bool,
-) -> usize {
+pub fn tc_shared_bytes(chunk: usize, nk: usize, pt: usize, levels: usize, elem: usize) -> usize {
     let inputs = elem
-        * (2 * chunk * row_len_input(nk, pad)
-            + chunk * row_len_input(pt, pad)
-            + tc_scratch_len(chunk, nk, pt, pad)
+        * (2 * chunk * row_len_input(nk)
+            + chunk * row_len_input(pt)
+            + tc_scratch_len(chunk, nk, pt)
             + 1);
-    let floats = stage_len(chunk, nk, pt, pad) + chunk * levels + 4 * chunk + 32;
+    let floats = stage_len(chunk, nk, pt) + chunk * levels + 4 * chunk + 32;
     inputs + 4 * floats + 5 * ALIGN
 }
 
@@ -690,7 +682,7 @@ pub fn vector_helpers_probe_kernel<N: Size>(
 ) {
     let u = UNIT_POS_X as usize;
     // Rows padded as in the kernels: the helpers must honour the row stride.
-    let ld = comptime!(row_len_input(cols, true));
+    let ld = comptime!(row_len_input(cols));
     let rows_level = comptime!(len / cols);
     let mut buf = Shared::<[f32]>::new_aligned_slice(comptime!(chunk * ld), ALIGN);
     load_rows::<f32, N>(x, &mut buf, u, t0, c0, 0, 0, seq, 1, width, chunk, cols, ld);

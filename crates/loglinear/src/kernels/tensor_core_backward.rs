@@ -17,7 +17,8 @@
 use cubecl::prelude::*;
 
 use super::cube::{
-    REWRITES_CLEAR_BITS, REWRITES_SET_BITS, THREADS, advance_scales, bitlen, load_decays, row,
+    Geometry, REWRITES_CLEAR_BITS, REWRITES_SET_BITS, THREADS, advance_scales, bitlen, load_decays,
+    row,
 };
 use super::tensor_core::{
     ALIGN, EXACT, FULL, LOWER, PLANES, SPLIT_A, SPLIT_B, StateVec, UPPER, load_rows,
@@ -25,23 +26,23 @@ use super::tensor_core::{
 };
 
 /// f32 elements of the backward kernels' staging buffer: the largest product (`C × C`,
-/// `C × nk`, `C × pt`, `nk × pt`), rows padded with `pad`.
-pub const fn stage_len_backward(chunk: usize, nk: usize, pt: usize, pad: bool) -> usize {
-    let mut len = chunk * row_len_f32(chunk, pad);
-    if chunk * row_len_f32(nk, pad) > len {
-        len = chunk * row_len_f32(nk, pad);
+/// `C × nk`, `C × pt`, `nk × pt`), rows padded (see `row_len_input`).
+pub const fn stage_len_backward(chunk: usize, nk: usize, pt: usize) -> usize {
+    let mut len = chunk * row_len_f32(chunk);
+    if chunk * row_len_f32(nk) > len {
+        len = chunk * row_len_f32(nk);
     }
-    if chunk * row_len_f32(pt, pad) > len {
-        len = chunk * row_len_f32(pt, pad);
+    if chunk * row_len_f32(pt) > len {
+        len = chunk * row_len_f32(pt);
     }
-    if nk * row_len_f32(pt, pad) > len {
-        len = nk * row_len_f32(pt, pad);
+    if nk * row_len_f32(pt) > len {
+        len = nk * row_len_f32(pt);
     }
     len
 }
 
 /// Shared memory (bytes) of one cube of the causal (`causal`) or anticausal tensor-core backward
-/// kernel with `elem` bytes per input element, rows padded with `pad`.
+/// kernel with `elem` bytes per input element, rows padded (see `row_len_input`).
 pub fn tc_backward_shared_bytes(
     chunk: usize,
     nk: usize,
@@ -49,13 +50,8 @@ pub fn tc_backward_shared_bytes(
     levels: usize,
     elem: usize,
     causal: bool,
-    pad: bool,
 ) -> usize {
-    let (ldk, ldv, ldw) = (
-        row_len_input(nk, pad),
-        row_len_input(pt, pad),
-        row_len_input(chunk, pad),
-    );
+    let (ldk, ldv, ldw) = (row_len_input(nk), row_len_input(pt), row_len_input(chunk));
     let inputs = if causal {
         // q, k, v, dO; kd ⊙ v, the dq weights and one level state, each split in two
         elem * (2 * chunk * ldk + 2 * chunk * ldv + 2 * (chunk * ldv + chunk * ldw + nk * ldv))
@@ -64,7 +60,7 @@ pub fn tc_backward_shared_bytes(
         // state, each split in two
         elem * (2 * chunk * ldk + 2 * chunk * ldv + 2 * (2 * chunk * ldw.max(ldv) + nk * ldv))
     };
-    let mut floats = stage_len_backward(chunk, nk, pt, pad) + chunk * levels + 5 * chunk + 32;
+    let mut floats = stage_len_backward(chunk, nk, pt) + chunk * levels + 5 * chunk + 32;
     if causal {
         floats += chunk * chunk;
     }
@@ -90,14 +86,11 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     seq: usize,
     heads: usize,
     width: usize,
-    #[comptime] chunk: usize,
-    #[comptime] nk: usize,
-    #[comptime] pt: usize,
-    #[comptime] levels: usize,
-    #[comptime] nlev: usize,
-    #[comptime] pad: bool,
+    #[comptime] geo: Geometry,
     #[define(E, G)] _dtypes: [ElemType; 2],
 ) {
+    let (chunk, nk, pt) = comptime!((geo.chunk, geo.nk, geo.pt));
+    let (levels, nlev) = comptime!((geo.levels, geo.nlev));
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
     let bi = bh / heads;
@@ -110,14 +103,14 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     let level_size = comptime!(nk * pt);
     // The level states are read and written four floats at a time: offsets count vectors.
     let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt / 4);
-    let stage_size = comptime!(stage_len_backward(chunk, nk, pt, pad));
-    // Shared rows padded against bank conflicts (see `row_len_input`), unless `pad` is off.
-    let ldk = comptime!(row_len_input(nk, pad));
-    let ldv = comptime!(row_len_input(pt, pad));
-    let ldw = comptime!(row_len_input(chunk, pad));
-    let lss = comptime!(row_len_f32(chunk, pad));
-    let lsk = comptime!(row_len_f32(nk, pad));
-    let lsv = comptime!(row_len_f32(pt, pad));
+    let stage_size = comptime!(stage_len_backward(chunk, nk, pt));
+    // Shared rows padded against bank conflicts (see `row_len_input`).
+    let ldk = comptime!(row_len_input(nk));
+    let ldv = comptime!(row_len_input(pt));
+    let ldw = comptime!(row_len_input(chunk));
+    let lss = comptime!(row_len_f32(chunk));
+    let lsk = comptime!(row_len_f32(nk));
+    let lsv = comptime!(row_len_f32(pt));
 
     let mut qb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldk), ALIGN);
     let mut kb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldk), ALIGN);
@@ -352,14 +345,11 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     seq: usize,
     heads: usize,
     width: usize,
-    #[comptime] chunk: usize,
-    #[comptime] nk: usize,
-    #[comptime] pt: usize,
-    #[comptime] levels: usize,
-    #[comptime] nlev: usize,
-    #[comptime] pad: bool,
+    #[comptime] geo: Geometry,
     #[define(E, G)] _dtypes: [ElemType; 2],
 ) {
+    let (chunk, nk, pt) = comptime!((geo.chunk, geo.nk, geo.pt));
+    let (levels, nlev) = comptime!((geo.levels, geo.nlev));
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
     let bi = bh / heads;
@@ -373,14 +363,14 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     let level_size = comptime!(nk * pt);
     // The level states are read and written four floats at a time: offsets count vectors.
     let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt / 4);
-    let stage_size = comptime!(stage_len_backward(chunk, nk, pt, pad));
-    // Shared rows padded against bank conflicts (see `row_len_input`), unless `pad` is off.
-    let ldk = comptime!(row_len_input(nk, pad));
-    let ldv = comptime!(row_len_input(pt, pad));
-    let ldw = comptime!(row_len_input(chunk, pad));
-    let lss = comptime!(row_len_f32(chunk, pad));
-    let lsk = comptime!(row_len_f32(nk, pad));
-    let lsv = comptime!(row_len_f32(pt, pad));
+    let stage_size = comptime!(stage_len_backward(chunk, nk, pt));
+    // Shared rows padded against bank conflicts (see `row_len_input`).
+    let ldk = comptime!(row_len_input(nk));
+    let ldv = comptime!(row_len_input(pt));
+    let ldw = comptime!(row_len_input(chunk));
+    let lss = comptime!(row_len_f32(chunk));
+    let lsk = comptime!(row_len_f32(nk));
+    let lsv = comptime!(row_len_f32(pt));
     // `sa` holds the dv weights (`C × C`, rows `ldw`) and later λ-weighted dO (`C × pt`, rows
     // `ldv`); `sb` the dk weights.
     let square = comptime!(chunk * if ldw > ldv { ldw } else { ldv });
