@@ -208,7 +208,8 @@ struct SweepArgs {
     /// Sweep directory (default runs/<name>).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Processes at a time (child processes, each a run or a pack).
+    /// Processes at a time per device (child processes, each a run or a pack). With several
+    /// devices (`--device cuda:0,cuda:1`) every run or pack is a child process on one of them.
     #[arg(long, default_value_t = 1)]
     jobs: usize,
     /// Runs trained together as one batched model (runs whose tensor shapes agree: seeds, λ modes
@@ -284,7 +285,8 @@ struct ConfigArgs {
     /// Override any key: --set train.lr=3e-4 --set model.lambda=mlp_softplus.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// Device: cpu, cuda[:N] or wgpu.
+    /// Device: cpu, cuda[:N] or wgpu; `sweep` also takes several, comma-separated
+    /// (cuda:0,cuda:1), and spreads its runs over them.
     #[arg(long, default_value = "cpu")]
     device: String,
 }

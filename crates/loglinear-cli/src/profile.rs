@@ -70,8 +70,8 @@ pub struct FamilyTime {
 pub struct ProfileReport {
     /// Family → time, summed over the region.
     pub families: BTreeMap<&'static str, FamilyTime>,
-    /// Kernel name → time, summed over the region.
-    pub kernels: BTreeMap<String, FamilyTime>,
+    /// Kernel name (short) → its family (from the full name) and time, summed over the region.
+    pub kernels: BTreeMap<String, (&'static str, FamilyTime)>,
     /// Device time of all kernels (ms).
     pub device_ms: f64,
     /// From the first kernel's start to the last kernel's end (ms); `None` where the backend
@@ -128,7 +128,10 @@ impl KernelProfile {
             let f = report.families.entry(family).or_default();
             f.launches += 1;
             f.ms += ms;
-            let k = report.kernels.entry(short_name(kernel)).or_default();
+            let (_, k) = report
+                .kernels
+                .entry(short_name(kernel))
+                .or_insert((family, FamilyTime::default()));
             k.launches += 1;
             k.ms += ms;
         }
@@ -153,11 +156,14 @@ pub fn short_name(kernel: &str) -> String {
     format!("{tail}{generics}")
 }
 
-/// The family a kernel belongs to, from its (type) name.
+/// The family a kernel belongs to, from its full (type) name. The words are kernel and module
+/// names, not crate names: the cross-entropy kernels live in the `loglinear` crate too.
 pub fn family(kernel: &str) -> &'static str {
     let k = kernel.to_ascii_lowercase();
     let has = |words: &[&str]| words.iter().any(|w| k.contains(w));
-    if has(&["loglinear", "causal", "tensor_core", "mamba2"]) {
+    if has(&["cross_entropy", "ceforward", "cebackward"]) {
+        "softmax cross-entropy (fused kernels)"
+    } else if has(&["causal", "tensor_core", "mamba2"]) {
         "log-linear op (fused kernels)"
     } else if has(&["matmul", "gemm", "cmma", "mma"]) {
         "matmul"
@@ -237,14 +243,13 @@ impl ProfileReport {
             );
         }
         let mut kernels: Vec<_> = self.kernels.iter().collect();
-        kernels.sort_by(|a, b| b.1.ms.total_cmp(&a.1.ms));
+        kernels.sort_by(|a, b| b.1.1.ms.total_cmp(&a.1.1.ms));
         out += &format!(
             "\ntop {top} kernels:\n\n| kernel | family | launches/step | device ms/step |\n|---|---|---|---|\n"
         );
-        for (name, k) in kernels.iter().take(top) {
+        for (name, (family, k)) in kernels.iter().take(top) {
             out += &format!(
-                "| `{name}` | {} | {:.0} | {:.3} |\n",
-                family(name),
+                "| `{name}` | {family} | {:.0} | {:.3} |\n",
                 per(k.launches as f64),
                 per(k.ms)
             );
@@ -270,6 +275,14 @@ mod tests {
         assert_eq!(
             family("burn_cubecl::kernel::reduce::ReduceKernel"),
             "reductions"
+        );
+        assert_eq!(
+            family("loglinear::kernels::cross_entropy::CeBackwardKernel<bf16, i64>"),
+            "softmax cross-entropy (fused kernels)"
+        );
+        assert_eq!(
+            family("loglinear::kernels::backward::AnticausalBackwardKernel<f32, f32>"),
+            "log-linear op (fused kernels)"
         );
         assert_eq!(family("something_unknown"), "other");
         assert_eq!(short_name("a::b::c<d::e>"), "c<d::e>");

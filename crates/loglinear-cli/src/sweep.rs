@@ -41,9 +41,10 @@ pub struct SweepIndex {
 /// How a sweep runs its points.
 #[derive(Clone, Debug)]
 pub struct SweepOptions {
-    /// Device name (`cpu`, `cuda[:N]`, `wgpu`).
+    /// Device name (`cpu`, `cuda[:N]`, `wgpu`), or several separated by commas
+    /// (`cuda:0,cuda:1`): then every run or pack is a child process on one of them.
     pub device: String,
-    /// Processes at a time (each a run or a pack).
+    /// Processes at a time per device (each a run or a pack).
     pub jobs: usize,
     /// Runs per pack (1: every run alone); `None`: as many compatible runs as fit in the
     /// device's memory on a GPU, 1 on the CPU.
@@ -69,8 +70,9 @@ type Todo = (usize, String, PathBuf, ExperimentConfig);
 /// Runs every point of `file`'s sweep under `out`, skipping finished runs and resuming
 /// interrupted ones. Points that differ only in values that leave the tensor shapes alone
 /// (seed, learning rate, λ mode of one parameter layout, K, ...) train together as packs
-/// ([`crate::pack`]); `jobs > 1` runs that many runs or packs at once as child processes (each
-/// writes its log to its runs' `train.log`). Then summarises.
+/// ([`crate::pack`]); `jobs > 1`, or several devices, run that many runs or packs at once per
+/// device as child processes (each writes its log to its runs' `train.log`; a pack goes to the
+/// device with the fewest processes running). Then summarises.
 pub fn run_sweep(file: &ConfigFile, out: &Path, opts: &SweepOptions) -> Result<Vec<SummaryRow>> {
     let points = file.expand()?;
     fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
@@ -100,7 +102,9 @@ pub fn run_sweep(file: &ConfigFile, out: &Path, opts: &SweepOptions) -> Result<V
         };
         todo.push((i, name, dir, config));
     }
-    let device = crate::device::parse_device(&opts.device)?;
+    let devices = crate::device::device_list(&opts.device)?;
+    // Packs are sized for the first device: a sweep's devices are expected to be alike.
+    let device = crate::device::parse_device(&devices[0])?;
     let size = match opts.pack {
         Some(n) => n.max(1),
         None => default_pack_size(&todo, &device)?,
@@ -118,7 +122,7 @@ pub fn run_sweep(file: &ConfigFile, out: &Path, opts: &SweepOptions) -> Result<V
             );
         }
     }
-    if opts.jobs <= 1 {
+    if opts.jobs <= 1 && devices.len() == 1 {
         let mut failed = Vec::new();
         for pack in packs {
             if pack.len() == 1 {
@@ -160,7 +164,7 @@ pub fn run_sweep(file: &ConfigFile, out: &Path, opts: &SweepOptions) -> Result<V
             anyhow::bail!("{} sweep runs failed: {}", failed.len(), failed.join("; "));
         }
     } else {
-        run_children(packs, total, &opts.device, opts.jobs)?;
+        run_children(packs, total, &devices, opts.jobs.max(1))?;
     }
     summarise(out)
 }
@@ -234,19 +238,34 @@ fn memory_capacity(device: &Device) -> Option<u64> {
     }
 }
 
-/// Runs packs as child processes, `jobs` at a time: a single run as `loglinear train`, a pack as
-/// `loglinear train-pack` over its runs' folders (each run's resolved config in its
-/// `point.toml`, the log in its `train.log`).
-fn run_children(packs: Vec<Vec<Todo>>, total: usize, device: &str, jobs: usize) -> Result<()> {
+/// Runs packs as child processes, `jobs` at a time on each of `devices`: a single run as
+/// `loglinear train`, a pack as `loglinear train-pack` over its runs' folders (each run's
+/// resolved config in its `point.toml`, the log in its `train.log`). The next pack goes to the
+/// device with the fewest processes running (the first such in the list).
+fn run_children(
+    packs: Vec<Vec<Todo>>,
+    total: usize,
+    devices: &[String],
+    jobs: usize,
+) -> Result<()> {
     let exe = std::env::current_exe().context("cannot find the loglinear binary to start runs")?;
     let mut queue = packs.into_iter();
-    let mut running: Vec<(String, std::process::Child)> = Vec::new();
+    // (label, device index, child)
+    let mut running: Vec<(String, usize, std::process::Child)> = Vec::new();
     let mut failed = Vec::new();
     loop {
-        while running.len() < jobs {
+        loop {
+            let load = |d: usize| running.iter().filter(|r| r.1 == d).count();
+            let Some(slot) = (0..devices.len())
+                .filter(|&d| load(d) < jobs)
+                .min_by_key(|&d| load(d))
+            else {
+                break;
+            };
             let Some(pack) = queue.next() else {
                 break;
             };
+            let device = &devices[slot];
             for (_, _, dir, config) in &pack {
                 fs::create_dir_all(dir)?;
                 let point = dir.join("point.toml");
@@ -272,7 +291,7 @@ fn run_children(packs: Vec<Vec<Todo>>, total: usize, device: &str, jobs: usize) 
                 }
             }
             let child = command
-                .args(["--device", device])
+                .args(["--device", device.as_str()])
                 .stdout(log.try_clone()?)
                 .stderr(log)
                 .spawn()
@@ -282,22 +301,22 @@ fn run_children(packs: Vec<Vec<Todo>>, total: usize, device: &str, jobs: usize) 
             } else {
                 format!("pack of {} from {name}", pack.len())
             };
-            eprintln!("[{}/{total}] {label}: started", i + 1);
-            running.push((label, child));
+            eprintln!("[{}/{total}] {label}: started on {device}", i + 1);
+            running.push((label, slot, child));
         }
         if running.is_empty() {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(200));
         let mut still = Vec::new();
-        for (name, mut child) in running {
+        for (name, slot, mut child) in running {
             match child.try_wait()? {
                 Some(status) if status.success() => eprintln!("{name}: finished"),
                 Some(status) => {
                     eprintln!("{name}: FAILED ({status}); see its train.log");
                     failed.push(name);
                 }
-                None => still.push((name, child)),
+                None => still.push((name, slot, child)),
             }
         }
         running = still;

@@ -178,6 +178,31 @@ fn a_pack_trains_each_run_as_it_would_train_alone() {
     for (a, c) in alone_runs.iter().zip(&runs(&children)) {
         assert_same_metrics(a, c, 1e-4);
     }
+    // Packs spread over two devices (`--device cpu,cpu`: the CPU stands in for two GPUs), one
+    // process per device: both packs start before either finishes, and every run is again the
+    // run alone.
+    let spread = tmp.path().join("spread");
+    let log = run_ok(
+        bin()
+            .arg("sweep")
+            .arg(&config)
+            .arg("--out")
+            .arg(&spread)
+            .args(["--pack", "8", "--device", "cpu,cpu"]),
+    );
+    let events: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(": started on ") || l.ends_with(": finished"))
+        .collect();
+    assert!(
+        events.len() == 4
+            && events[..2].iter().all(|l| l.ends_with(": started on cpu"))
+            && events[2..].iter().all(|l| l.ends_with(": finished")),
+        "{log}"
+    );
+    for (a, c) in alone_runs.iter().zip(&runs(&spread)) {
+        assert_same_metrics(a, c, 1e-4);
+    }
     let first = &packed_runs[0];
     let out = bin().arg("eval").arg(first).output().unwrap();
     assert!(
