@@ -422,7 +422,7 @@ fn mamba2_row(
     runs: usize,
     device: &Device,
 ) -> Result<()> {
-    let o = match loglinear::kernels::mamba2(x) {
+    let o = match loglinear::ops::fused::mamba2(x) {
         Ok(o) => o,
         Err(why) => {
             emit(
@@ -439,7 +439,7 @@ fn mamba2_row(
         bail!("fused Mamba-2 differs from the op with λ ≡ 1 by {err:.2e} of the largest entry");
     }
     let fwd = time_ms(2, runs, device, || {
-        let _ = loglinear::kernels::mamba2(x);
+        let _ = loglinear::ops::fused::mamba2(x);
     });
     emit(
         out,

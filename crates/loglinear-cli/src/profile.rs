@@ -265,7 +265,7 @@ mod tests {
     #[test]
     fn families_of_typical_kernel_names() {
         assert_eq!(
-            family("loglinear::kernels::tensor_core::causal_tc_kernel<f32>"),
+            family("loglinear::ops::fused::tensor_core::causal_tc_kernel<f32>"),
             "log-linear op (fused kernels)"
         );
         assert_eq!(
@@ -281,7 +281,7 @@ mod tests {
             "softmax cross-entropy (fused kernels)"
         );
         assert_eq!(
-            family("loglinear::kernels::backward::AnticausalBackwardKernel<f32, f32>"),
+            family("loglinear::ops::fused::backward::AnticausalBackwardKernel<f32, f32>"),
             "log-linear op (fused kernels)"
         );
         assert_eq!(family("something_unknown"), "other");

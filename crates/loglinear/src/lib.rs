@@ -5,7 +5,8 @@
 //! * [`fenwick`]: the level structure (integer functions);
 //! * [`ops`]: the core op in its parallel, chunked and recurrent forms, and the fused form;
 //!   [`ops::gdn`]: the same forms for log-linear Gated DeltaNet;
-//! * `kernels` (features `cuda`, `wgpu`): the fused CubeCL kernels behind `Form::Fused`;
+//! * `ops::fused` and `kernels` (features `cuda`, `wgpu`): the CubeCL kernels of `Form::Fused`
+//!   and of the language model's softmax cross-entropy;
 //! * [`nn`]: the log-linear Mamba-2 and Gated DeltaNet mixers, the λ modes and the language
 //!   models, with decoding;
 //! * [`host`]: host (f64) copies of tensors and inputs, the op as plain f64 loops, and how far

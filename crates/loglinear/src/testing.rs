@@ -285,7 +285,7 @@ pub fn check_fused(
         lambda: nan_tailed(&host.lambda, [b, t, h, l], g_dtype, &ad),
     };
     let d_od = nan_tailed(&d_o_host, [b, t, h, p], dtype, &ad);
-    crate::kernels::fused(&xd)?;
+    crate::ops::fused::fused(&xd)?;
     let got = run_with_grads(&xd, &d_od, Form::Fused, None);
     let mut out = vec![("o", closeness(&reference.o, &got.o))];
     for ((name, r), (_, g)) in reference.grads.iter().zip(&got.grads) {

@@ -132,7 +132,7 @@ fn fused_takes_half_precision_inputs() {
 #[test]
 fn tensor_core_kernels_match_reference_in_bf16() {
     let device = device();
-    if !loglinear::kernels::bf16_cmma(&device) {
+    if !loglinear::ops::fused::bf16_cmma(&device) {
         if cfg!(feature = "cuda") {
             panic!(
                 "this CUDA device has no bf16 tensor cores: the default GPU path cannot be tested"
@@ -186,7 +186,7 @@ fn mamba2_is_the_op_with_lambda_one() {
             l: num_levels(t),
         };
         let x = LogLinearInput::random(dims, test_seed(1), DType::F32, &device());
-        let o = loglinear::kernels::mamba2(&x)
+        let o = loglinear::ops::fused::mamba2(&x)
             .unwrap_or_else(|why| panic!("{dims:?}: fused Mamba-2 did not run: {why}"));
         // The reference in f64 on the host, from the same (f32) inputs: on CUDA, Burn's autotuned
         // f32 matmuls may run on TF32 tensor cores (about 5e-4 relative), which a reference on
@@ -229,7 +229,7 @@ fn vector_helpers_load_merge_and_read() {
             let x: Vec<f32> = (0..seq * width).map(|_| rand()).collect();
             let states: Vec<f32> = (0..2 * len).map(|_| rand()).collect();
             let f = 0.75;
-            let (rows, level) = loglinear::kernels::probe_vector_helpers(
+            let (rows, level) = loglinear::ops::fused::probe_vector_helpers(
                 &device(),
                 &x,
                 seq,
@@ -270,8 +270,7 @@ fn vector_helpers_load_merge_and_read() {
 /// and one cube of each backward kernel.
 #[test]
 fn tensor_core_tiles_keep_their_occupancy_on_the_h200() {
-    use loglinear::kernels::tensor_core::tc_shared_bytes;
-    use loglinear::kernels::tensor_core_backward::tc_backward_shared_bytes;
+    use loglinear::ops::fused::{tc_backward_shared_bytes, tc_shared_bytes};
     let per_sm = 228 * 1024;
     let levels = num_levels(1 << 20);
     let forward = tc_shared_bytes(64, 128, 64, levels, 2);

@@ -9,9 +9,12 @@
 //! Rows: `CUBE_POS_Y · CUBE_COUNT_X + CUBE_POS_X` (a 2-D grid, since some runtimes cap one
 //! grid axis at 65,535); [`CE_THREADS`] units stride over the vocabulary.
 
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::tensor::{DType, Shape};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
-
-use super::launch::CE_THREADS;
 
 // The running maximum starts at the lowest finite f32, a stand-in for −∞: `e^{MIN−x}` is 0 like
 // `e^{−∞}`, and two empty partial sums merge to 0 instead of `0 · e^{−∞+∞} = NaN`.
@@ -110,4 +113,81 @@ pub fn ce_backward_kernel<E: Float, I: Int>(
         dlogits[base + i] = E::cast_from(d);
         i += CE_THREADS;
     }
+}
+
+/// Units per cube of the cross-entropy kernels (one cube per row of logits).
+pub const CE_THREADS: usize = 256;
+
+/// One cube per row, on a 2-D grid: some runtimes cap a grid axis at 65,535 cubes.
+fn row_grid(rows: usize) -> CubeCount {
+    let x = rows.clamp(1, 65_535);
+    CubeCount::Static(x as u32, rows.div_ceil(x) as u32, 1)
+}
+
+/// Softmax cross-entropy per row: `(nll, lse)`, f32 `[rows]` each, from `logits: [rows, V]` and
+/// integer `targets: [rows]` in `0..V` (see `cross_entropy.rs`).
+pub fn cross_entropy(logits: CubeTensor, targets: CubeTensor) -> (CubeTensor, CubeTensor) {
+    let [rows, vocab] = logits.meta.shape().dims::<2>();
+    let (client, device) = (logits.client.clone(), logits.device.clone());
+    let column = || {
+        empty_device_contiguous_dtype(
+            client.clone(),
+            device.clone(),
+            Shape::new([rows]),
+            DType::F32,
+        )
+    };
+    let (nll, lse) = (column(), column());
+    if rows > 0 {
+        let dtypes = [
+            dtype_to_storage_type(logits.dtype),
+            dtype_to_storage_type(targets.dtype),
+        ];
+        ce_forward_kernel::launch(
+            &client,
+            row_grid(rows),
+            CubeDim::new_1d(CE_THREADS as u32),
+            into_contiguous(logits).into_tensor_arg(),
+            into_contiguous(targets).into_tensor_arg(),
+            nll.clone().into_tensor_arg(),
+            lse.clone().into_tensor_arg(),
+            rows,
+            vocab,
+            dtypes,
+        );
+    }
+    (nll, lse)
+}
+
+/// The gradient of [`cross_entropy`]'s `nll` with respect to the logits, `[rows, V]` in their
+/// dtype, for an output gradient `grad: [rows]` (f32) and the forward's `lse`.
+pub fn cross_entropy_backward(
+    logits: CubeTensor,
+    targets: CubeTensor,
+    lse: CubeTensor,
+    grad: CubeTensor,
+) -> CubeTensor {
+    let [rows, vocab] = logits.meta.shape().dims::<2>();
+    let (client, device, dtype) = (logits.client.clone(), logits.device.clone(), logits.dtype);
+    let out =
+        empty_device_contiguous_dtype(client.clone(), device, Shape::new([rows, vocab]), dtype);
+    if rows > 0 {
+        ce_backward_kernel::launch(
+            &client,
+            row_grid(rows),
+            CubeDim::new_1d(CE_THREADS as u32),
+            into_contiguous(logits).into_tensor_arg(),
+            into_contiguous(targets.clone()).into_tensor_arg(),
+            into_contiguous(lse).into_tensor_arg(),
+            into_contiguous(grad).into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            rows,
+            vocab,
+            [
+                dtype_to_storage_type(dtype),
+                dtype_to_storage_type(targets.dtype),
+            ],
+        );
+    }
+    out
 }

@@ -41,7 +41,7 @@ pub const TENSOR_CORE_TILE: usize = 16;
 
 /// Whether the fused kernels compute on tensor cores: bf16 inputs, key width `n` a multiple of
 /// the tile, on a device whose `cmma` takes bf16 tiles with f32 accumulation (`bf16_cmma`;
-/// `kernels::bf16_cmma` asks the device). Only bf16: the kernels round the level states and
+/// `ops::fused::bf16_cmma` asks the device). Only bf16: the kernels round the level states and
 /// weighted operands to the input dtype, and f16's range (65,504) does not hold a state summed
 /// over a long sequence, so f16 and f32 take the scalar kernels, which compute in f32. The one
 /// statement of this condition: the kernels' launch planning asks it too.
@@ -68,7 +68,7 @@ pub fn auto_form(chunk: usize, dtype: DType, n: usize, bf16_cmma: bool, with_sta
 fn bf16_cmma(device: &Device) -> bool {
     #[cfg(feature = "kernels")]
     {
-        crate::kernels::bf16_cmma(device)
+        crate::ops::fused::bf16_cmma(device)
     }
     #[cfg(not(feature = "kernels"))]
     {
@@ -191,7 +191,7 @@ fn fused_or_chunked(
         let why = if initial.is_some() || return_state {
             Err("an initial or returned Fenwick state".to_string())
         } else {
-            crate::kernels::fused(x)
+            crate::ops::fused::fused(x)
         };
         match why {
             Ok(o) => return AttnOutput { o, state: None },

@@ -8,7 +8,8 @@
 //! * [`Form::Chunked`]: the chunkwise O(T log T) algorithm (intra-chunk blocks plus one
 //!   vectorised pass per chunk level);
 //! * [`Form::Recurrent`]: the O(log T) Fenwick state stepped token by token (also the decoder);
-//! * [`Form::Fused`]: the fused CubeCL kernels where they run (else the chunked form), and
+//! * [`Form::Fused`]: the fused CubeCL kernels ([`fused`], features `cuda`/`wgpu`) where they
+//!   run (else the chunked form), and
 //!   [`Form::Auto`]: whichever of the two is faster for the inputs at hand ([`auto_form`]).
 //!
 //! All forms take the same [`LogLinearInput`], an optional initial [`FenwickState`], and can
@@ -19,7 +20,8 @@
 //! Files by job: `input.rs` (the inputs and their sizes), `dispatch.rs` ([`Form`], the choice of [`Form::Auto`]
 //! and [`log_linear_attn`]), one file per form, `state.rs` ([`FenwickState`] and the state math the
 //! parallel and chunked forms share: reading an initial state, building the final one),
-//! `tensor.rs` (small tensor helpers), `random.rs` (random inputs for tests and benchmarks).
+//! `tensor.rs` (small tensor helpers), `random.rs` (random inputs for tests and benchmarks),
+//! `fused/` (the kernels of the fused form, their planner and launchers; `fused/README.md`).
 //!
 //! [`gdn`] is the Gated DeltaNet variant of the op (spec §5): the same three forms, the same
 //! Fenwick state, with the delta-rule transition `a_t (I − β_t k_t k_tᵀ)` in place of the scalar
@@ -27,6 +29,8 @@
 
 mod chunked;
 mod dispatch;
+#[cfg(feature = "kernels")]
+pub mod fused;
 pub mod gdn;
 mod input;
 mod parallel;

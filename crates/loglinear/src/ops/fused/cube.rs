@@ -14,7 +14,7 @@
 //! slower on the H200, bench/RESULTS.md session 2), with a lazy decay factor per level in shared memory (a
 //! multiply per chunk instead of a pass over the state). Decays are exponentials of in-chunk
 //! cumulative sums and of per-chunk totals only, never of long differences. See
-//! `kernels/README.md` for the derivation.
+//! `ops/fused/README.md` for the derivation.
 
 use cubecl::prelude::*;
 

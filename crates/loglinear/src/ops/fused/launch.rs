@@ -12,7 +12,6 @@ use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
 
 use super::backward::{anticausal_backward_kernel, causal_backward_kernel, key_lanes};
-use super::cross_entropy::{ce_backward_kernel, ce_forward_kernel};
 use super::cube::{Geometry, THREADS, causal_kernel};
 use super::tensor_core::{TILE, causal_tc_kernel, tc_shared_bytes};
 use super::tensor_core_backward::{
@@ -529,81 +528,4 @@ pub fn probe_vector_helpers(
             .collect()
     };
     (read(rows_h), read(level_h))
-}
-
-/// Units per cube of the cross-entropy kernels (one cube per row of logits).
-pub const CE_THREADS: usize = 256;
-
-/// One cube per row, on a 2-D grid: some runtimes cap a grid axis at 65,535 cubes.
-fn row_grid(rows: usize) -> CubeCount {
-    let x = rows.clamp(1, 65_535);
-    CubeCount::Static(x as u32, rows.div_ceil(x) as u32, 1)
-}
-
-/// Softmax cross-entropy per row: `(nll, lse)`, f32 `[rows]` each, from `logits: [rows, V]` and
-/// integer `targets: [rows]` in `0..V` (see `cross_entropy.rs`).
-pub fn cross_entropy(logits: CubeTensor, targets: CubeTensor) -> (CubeTensor, CubeTensor) {
-    let [rows, vocab] = logits.meta.shape().dims::<2>();
-    let (client, device) = (logits.client.clone(), logits.device.clone());
-    let column = || {
-        empty_device_contiguous_dtype(
-            client.clone(),
-            device.clone(),
-            Shape::new([rows]),
-            DType::F32,
-        )
-    };
-    let (nll, lse) = (column(), column());
-    if rows > 0 {
-        let dtypes = [
-            dtype_to_storage_type(logits.dtype),
-            dtype_to_storage_type(targets.dtype),
-        ];
-        ce_forward_kernel::launch(
-            &client,
-            row_grid(rows),
-            CubeDim::new_1d(CE_THREADS as u32),
-            into_contiguous(logits).into_tensor_arg(),
-            into_contiguous(targets).into_tensor_arg(),
-            nll.clone().into_tensor_arg(),
-            lse.clone().into_tensor_arg(),
-            rows,
-            vocab,
-            dtypes,
-        );
-    }
-    (nll, lse)
-}
-
-/// The gradient of [`cross_entropy`]'s `nll` with respect to the logits, `[rows, V]` in their
-/// dtype, for an output gradient `grad: [rows]` (f32) and the forward's `lse`.
-pub fn cross_entropy_backward(
-    logits: CubeTensor,
-    targets: CubeTensor,
-    lse: CubeTensor,
-    grad: CubeTensor,
-) -> CubeTensor {
-    let [rows, vocab] = logits.meta.shape().dims::<2>();
-    let (client, device, dtype) = (logits.client.clone(), logits.device.clone(), logits.dtype);
-    let out =
-        empty_device_contiguous_dtype(client.clone(), device, Shape::new([rows, vocab]), dtype);
-    if rows > 0 {
-        ce_backward_kernel::launch(
-            &client,
-            row_grid(rows),
-            CubeDim::new_1d(CE_THREADS as u32),
-            into_contiguous(logits).into_tensor_arg(),
-            into_contiguous(targets.clone()).into_tensor_arg(),
-            into_contiguous(lse).into_tensor_arg(),
-            into_contiguous(grad).into_tensor_arg(),
-            out.clone().into_tensor_arg(),
-            rows,
-            vocab,
-            [
-                dtype_to_storage_type(dtype),
-                dtype_to_storage_type(targets.dtype),
-            ],
-        );
-    }
-    out
 }
