@@ -9,7 +9,9 @@
 # Cargo.lock is restored afterwards: the patch is a build-time detail, not a dependency change.
 #
 # Usage: scripts/build-gpu.sh [--no-patch] [--tests]
-#   --no-patch: online machines, upstream crate.
+#   --no-patch: online machines, upstream crate (then without the `cublas` feature: its matrix
+#               products need the patch).
+#   Patched builds have the `cublas` feature: matrix products on cuBLAS.
 #   --tests: also the kernel test binaries (crates/loglinear/tests/kernels.rs) built for CUDA,
 #            compressed into bin-gpu/tests/ for scripts/gpu-test.sh on the GPU machine (the GPU
 #            machine has no Rust toolchain). They are built with the binary's profile and
@@ -29,7 +31,10 @@ for a in "$@"; do
     *) echo "unknown option $a (expected --no-patch, --tests)" >&2; exit 2 ;;
     esac
 done
-args=(build --profile gpu-release -p loglinear-cli --features cuda)
+# cuBLAS matrix products need the patched cubecl-cuda (it exposes a buffer's CUDA stream).
+features=cuda
+(( patched )) && features=cuda,cublas
+args=(build --profile gpu-release -p loglinear-cli --features $features)
 config=()
 if (( patched )); then
     cargo fetch --locked
@@ -58,7 +63,7 @@ xz -T0 -6 -c "$out/loglinear" > "$out/loglinear.xz"
 if (( tests )); then
     # Both packages selected so that their features unify exactly as in the binary's build.
     rm -rf "$out/tests" && mkdir -p "$out/tests"
-    cargo test --profile gpu-release -p loglinear-cli -p loglinear --features loglinear-cli/cuda \
+    cargo test --profile gpu-release -p loglinear-cli -p loglinear --features "$(sed "s/[^,]*/loglinear-cli\/&/g" <<< "$features")" \
         --no-run --test kernels --message-format=json "${config[@]}" |
         grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | while read -r exe; do
             name=$(basename "$exe" | sed 's/-[0-9a-f]*$//')

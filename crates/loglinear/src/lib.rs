@@ -57,6 +57,7 @@ pub mod fenwick;
 pub mod host;
 #[cfg(feature = "kernels")]
 pub mod kernels;
+pub mod linalg;
 pub mod nn;
 pub mod ops;
 pub mod testing;

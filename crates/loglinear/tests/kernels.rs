@@ -353,3 +353,196 @@ fn cross_entropy_kernels_match_the_definition() {
         );
     }
 }
+
+/// Row-major `[batch, m, k] · [batch, k, n]` in f64, with `a` or `b` broadcast where its batch
+/// is 1.
+fn host_bmm(a: &[f64], b: &[f64], ba: usize, bb: usize, m: usize, k: usize, n: usize) -> Vec<f64> {
+    let batch = ba.max(bb);
+    let mut c = vec![0.0; batch * m * n];
+    for z in 0..batch {
+        let (ao, bo) = (
+            if ba == 1 { 0 } else { z * m * k },
+            if bb == 1 { 0 } else { z * k * n },
+        );
+        for i in 0..m {
+            for p in 0..k {
+                let x = a[ao + i * k + p];
+                for j in 0..n {
+                    c[z * m * n + i * n + j] += x * b[bo + p * n + j];
+                }
+            }
+        }
+    }
+    c
+}
+
+/// `[batch, r, c]` → `[batch, c, r]`, row-major.
+fn host_transpose(x: &[f64], batch: usize, r: usize, c: usize) -> Vec<f64> {
+    let mut y = vec![0.0; x.len()];
+    for z in 0..batch {
+        for i in 0..r {
+            for j in 0..c {
+                y[z * r * c + j * r + i] = x[z * r * c + i * c + j];
+            }
+        }
+    }
+    y
+}
+
+/// Sums `[batch, r, c]` over its batch.
+fn host_batch_sum(x: &[f64], batch: usize, size: usize) -> Vec<f64> {
+    (0..size)
+        .map(|i| (0..batch).map(|z| x[z * size + i]).sum())
+        .collect()
+}
+
+/// `linalg::matmul` (cuBLAS on CUDA builds with the `cublas` feature, the CubeCL backend's matmul
+/// behind the same extension and backward elsewhere) against f64 on the host: the product and
+/// both gradients of `Σ C ⊙ W`, for row-major operands and transposed views (no copy: cuBLAS reads
+/// them transposed), batched and broadcast leading axes, awkward sizes; f32 and half precision
+/// (bf16 on CUDA, f16 on WGPU, which has no bf16). The reference takes the device's rounded inputs.
+#[test]
+fn matrix_products_and_their_gradients_match_f64() {
+    use burn::tensor::Distribution;
+    use loglinear::linalg::{linear, matmul};
+    let seed = test_seed(11);
+    let device = device().autodiff();
+    let half = if cfg!(feature = "cuda") {
+        DType::BF16
+    } else {
+        DType::F16
+    };
+    // (leading axes of a, of b, m, k, n, a transposed view, b transposed view)
+    let cases: [([usize; 2], [usize; 2], usize, usize, usize, bool, bool); 7] = [
+        ([1, 1], [1, 1], 1, 7, 1, false, false),
+        ([1, 1], [1, 1], 37, 64, 50, false, true),
+        ([1, 1], [1, 1], 70, 33, 129, true, false),
+        ([2, 3], [2, 3], 13, 8, 11, false, true),
+        ([2, 3], [2, 3], 20, 17, 9, true, true),
+        ([4, 2], [1, 1], 5, 16, 8, false, false),
+        ([1, 1], [3, 2], 6, 24, 200, true, false),
+    ];
+    let mut state = seed;
+    for (dtype, tol) in [(DType::F32, 1e-5), (half, 2e-2)] {
+        for (la, lb, m, k, n, ta, tb) in cases {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+            let (ba, bb) = (la[0] * la[1], lb[0] * lb[1]);
+            let batch = ba.max(bb);
+            let lc = if ba == 1 { lb } else { la };
+            // Device tensors in `dtype`, laid out as asked; `host` reads back what they hold.
+            let make = |lead: [usize; 2], r: usize, c: usize, transposed: bool| {
+                let t = if transposed {
+                    Tensor::<4>::random(
+                        [lead[0], lead[1], c, r],
+                        Distribution::Normal(0.0, 1.0),
+                        &device,
+                    )
+                    .cast(dtype)
+                    .swap_dims(2, 3)
+                } else {
+                    Tensor::<4>::random(
+                        [lead[0], lead[1], r, c],
+                        Distribution::Normal(0.0, 1.0),
+                        &device,
+                    )
+                    .cast(dtype)
+                };
+                t.detach()
+            };
+            let host = |t: Tensor<4>| -> Vec<f64> {
+                t.into_data().convert::<f64>().iter::<f64>().collect()
+            };
+            let a = make(la, m, k, ta);
+            let b = make(lb, k, n, tb);
+            let w = Tensor::<4>::random(
+                [lc[0], lc[1], m, n],
+                Distribution::Normal(0.0, 1.0),
+                &device,
+            )
+            .detach();
+            let (ha, hb, hw) = (host(a.clone()), host(b.clone()), host(w.clone()));
+            let (a, b) = (a.require_grad(), b.require_grad());
+            let c = matmul(a.clone(), b.clone());
+            assert_eq!(c.dims(), [lc[0], lc[1], m, n], "matmul shape");
+            let grads = (c.clone().cast(DType::F32) * w).sum().backward();
+            let (da, db) = (a.grad(&grads).expect("dA"), b.grad(&grads).expect("dB"));
+            let want_c = host_bmm(&ha, &hb, ba, bb, m, k, n);
+            let da_full = host_bmm(&hw, &host_transpose(&hb, bb, k, n), batch, bb, m, n, k);
+            let db_full = host_bmm(&host_transpose(&ha, ba, m, k), &hw, ba, batch, k, m, n);
+            let want_da = if ba == 1 {
+                host_batch_sum(&da_full, batch, m * k)
+            } else {
+                da_full
+            };
+            let want_db = if bb == 1 {
+                host_batch_sum(&db_full, batch, k * n)
+            } else {
+                db_full
+            };
+            for (name, got, want) in [
+                ("C", host(c), want_c),
+                ("dA", host(da), want_da),
+                ("dB", host(db), want_db),
+            ] {
+                let scale = want.iter().fold(1e-12f64, |s, v| s.max(v.abs()));
+                let err = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0.0, f64::max)
+                    / scale;
+                assert!(
+                    got.len() == want.len() && err <= tol,
+                    "{name} of {la:?}·{lb:?} ({m}×{k}·{k}×{n}, views {ta}/{tb}), {dtype:?}, seed \
+                     {seed}: max error {err:.1e} of the largest entry (tolerance {tol:.0e})"
+                );
+            }
+        }
+    }
+    // `linear` over leading axes, with the weight stored as is and as a transposed view (the
+    // tied LM head reads the embedding table transposed).
+    for transposed in [false, true] {
+        let x = Tensor::<3>::random([2, 5, 24], Distribution::Normal(0.0, 1.0), &device);
+        let w = if transposed {
+            Tensor::<2>::random([40, 24], Distribution::Normal(0.0, 1.0), &device).transpose()
+        } else {
+            Tensor::<2>::random([24, 40], Distribution::Normal(0.0, 1.0), &device)
+        };
+        let (x, w) = (x.require_grad(), w.detach().require_grad());
+        let got = linear(x.clone(), w.clone());
+        let want = x.clone().matmul(w.clone().unsqueeze::<3>());
+        let host3 =
+            |t: Tensor<3>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+        let (g, e) = (host3(got.clone()), host3(want.clone()));
+        let err = g
+            .iter()
+            .zip(&e)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(
+            err <= 1e-4,
+            "linear (weight transposed: {transposed}): {err:.1e}"
+        );
+        let dw = w.grad(&got.sum().backward()).expect("dW");
+        let dw_want = w.grad(&want.sum().backward()).expect("dW");
+        let dw = dw
+            .into_data()
+            .convert::<f64>()
+            .iter::<f64>()
+            .collect::<Vec<_>>();
+        let dw_want = dw_want
+            .into_data()
+            .convert::<f64>()
+            .iter::<f64>()
+            .collect::<Vec<_>>();
+        let err = dw
+            .iter()
+            .zip(&dw_want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(
+            err <= 1e-3,
+            "linear dW (weight transposed: {transposed}): {err:.1e}"
+        );
+    }
+}

@@ -1,8 +1,12 @@
 //! CubeCL kernels outside the core op (whose fused form lives in [`crate::ops::fused`]): the
-//! softmax cross-entropy of the language model's loss ([`cross_entropy`]), and what the crate
-//! asks of CubeCL devices.
+//! softmax cross-entropy of the language model's loss ([`cross_entropy`]), batched matrix
+//! products with their backward ([`gemm`]; on cuBLAS on CUDA devices with the `cublas`
+//! feature), and what the crate asks of CubeCL devices.
 
 pub mod cross_entropy;
+#[cfg(feature = "cublas")]
+mod cublas;
+pub mod gemm;
 
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::{FloatTensor, IntTensor};

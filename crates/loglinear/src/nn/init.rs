@@ -157,7 +157,7 @@ impl Dense {
     /// `x: [..., d_in]` → `[..., d_out]`.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let weight = to_dtype(self.weight.val(), x.dtype());
-        burn::tensor::module::linear(x, weight, None)
+        crate::linalg::linear(x, weight)
     }
 
     /// `N(0, std²)` weights.

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::check::{ConfigError, positive};
 use super::init::{Init, to_dtype, wide};
+use crate::linalg::linear;
 
 /// How λ is computed from the `dl` projection of a token (`[H, L]` per token).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -173,10 +174,10 @@ impl LambdaMlp {
     /// `dl: [B, T, H, L]` → `[B, T, H, L]`.
     pub fn logits(&self, dl: Tensor<4>) -> Tensor<4> {
         let dt = dl.dtype();
-        let p = |t: Tensor<2>| to_dtype(t, dt).unsqueeze::<4>();
+        let p = |t: Tensor<2>| to_dtype(t, dt);
         let q = |t: Tensor<1>| to_dtype(t, dt).unsqueeze::<4>();
-        let hidden = gelu(dl.matmul(p(self.w1.val())) + q(self.b1.val()));
-        hidden.matmul(p(self.w2.val())) + q(self.b2.val())
+        let hidden = gelu(linear(dl, p(self.w1.val())) + q(self.b1.val()));
+        linear(hidden, p(self.w2.val())) + q(self.b2.val())
     }
 }
 

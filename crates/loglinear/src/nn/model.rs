@@ -367,11 +367,7 @@ impl LogLinearLm {
         let dtype = h.dtype();
         let logits = match &self.head {
             Some(head) => head.forward(h),
-            None => h.matmul(
-                to_dtype(self.embedding.val(), dtype)
-                    .transpose()
-                    .unsqueeze(),
-            ),
+            None => crate::linalg::linear(h, to_dtype(self.embedding.val(), dtype).transpose()),
         };
         to_dtype(logits, wide(dtype))
     }

@@ -17,6 +17,7 @@ use super::lambda::{LambdaMlp, LambdaMode, LevelWeights};
 use super::mixer::MixerKind;
 use super::synthetic::{SyntheticConfig, SyntheticLayer, SyntheticLm};
 use crate::fenwick;
+use crate::linalg::matmul;
 use crate::ops::{Form, LogLinearInput, log_linear_attn};
 
 /// `[R, d_in, d_out]`: one bias-free linear map per replica.
@@ -30,7 +31,7 @@ impl PackedDense {
     /// # Shapes
     /// `x: [R, M, d_in]` → `[R, M, d_out]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        x.clone().matmul(to_dtype(self.weight.val(), x.dtype()))
+        matmul(x.clone(), to_dtype(self.weight.val(), x.dtype()))
     }
 }
 
@@ -119,9 +120,9 @@ impl PackedLevelWeights {
         // Each replica's MLP over its [M·H, L] rows: one batched matmul per weight.
         let rows = dl.reshape([r, m * h, l]);
         let hidden = gelu(
-            rows.matmul(to_dtype(mlp.w1.val(), dt)) + to_dtype(mlp.b1.val(), dt).unsqueeze_dim(1),
+            matmul(rows, to_dtype(mlp.w1.val(), dt)) + to_dtype(mlp.b1.val(), dt).unsqueeze_dim(1),
         );
-        let logits = (hidden.matmul(to_dtype(mlp.w2.val(), dt))
+        let logits = (matmul(hidden, to_dtype(mlp.w2.val(), dt))
             + to_dtype(mlp.b2.val(), dt).unsqueeze_dim(1))
         .reshape([r, m, h, l]);
         let softplus_rows = self

@@ -151,7 +151,7 @@ impl Affine {
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let dtype = x.dtype();
         let weight = to_dtype(self.linear.weight.val(), dtype);
-        burn::tensor::module::linear(x, weight, Some(to_dtype(self.bias.val(), dtype)))
+        crate::linalg::linear(x, weight) + to_dtype(self.bias.val(), dtype).unsqueeze()
     }
 }
 
@@ -439,11 +439,9 @@ impl TransformerLm {
         let dtype = h.dtype();
         let logits = match &self.head {
             Some(head) => head.forward(h),
-            None => h.matmul(
-                to_dtype(self.token_embedding.val(), dtype)
-                    .transpose()
-                    .unsqueeze(),
-            ),
+            None => {
+                crate::linalg::linear(h, to_dtype(self.token_embedding.val(), dtype).transpose())
+            }
         };
         to_dtype(logits, wide(dtype))
     }

@@ -17,6 +17,7 @@ use super::{
     int_tensor, pad_zeros, zeros_as,
 };
 use crate::fenwick::{self, bitlen};
+use crate::linalg::matmul;
 
 /// Chunkwise log-linear attention with chunk size `chunk` (a power of two). Any `T`: the
 /// segment is zero-padded to whole chunks (and periods), which leaves every real output
@@ -96,10 +97,10 @@ pub fn chunked(
         .gather(4, pattern);
     let qc = q.clone().reshape([b, h, nt, chunk, n]);
     let kc = k.clone().reshape([b, h, nt, chunk, n]);
-    let scores = qc.matmul(kc.swap_dims(3, 4)); // [B, H, NT, C, C]
+    let scores = matmul(qc, kc.swap_dims(3, 4)); // [B, H, NT, C, C]
     let mask = (scores * decay * hier).mask_fill(above, 0.0);
     let vc = v.clone().reshape([b, h, nt, chunk, p]);
-    let mut o = mask.matmul(vc).reshape([b, h, len, p]);
+    let mut o = matmul(mask, vc).reshape([b, h, len, p]);
 
     // (b) One pass per level above the chunk: keys in the first half of each aligned period of
     // 2^lv tokens, queries in the second half. `top` is the highest level any real pair uses.
@@ -130,9 +131,9 @@ pub fn chunked(
         let key_decay = (key_end.clone() - gp.clone().narrow(3, 0, half)).exp();
         let keys = kp.narrow(3, 0, half).swap_dims(3, 4); // [B, H, NP, N, half]
         let values = vp.narrow(3, 0, half) * key_decay.unsqueeze_dim(4); // [B, H, NP, half, P]
-        let state = keys.matmul(values); // [B, H, NP, N, P]
+        let state = matmul(keys, values); // [B, H, NP, N, P]
         let query_weight = (gp.narrow(3, half, half) - key_end).exp() * lam; // [B, H, NP, half]
-        let read = qp.narrow(3, half, half).matmul(state) * query_weight.unsqueeze_dim(4);
+        let read = matmul(qp.narrow(3, half, half), state) * query_weight.unsqueeze_dim(4);
         let level_out = Tensor::cat(vec![zeros_as(&read, [b, h, np, half, p]), read], 3)
             .reshape([b, h, np * period, p])
             .narrow(2, 0, len);

@@ -17,6 +17,7 @@ use burn::prelude::*;
 
 use super::{GdnInput, empty_segment};
 use crate::fenwick::{self, bitlen};
+use crate::linalg::Gemm;
 use crate::ops::{
     AttnOutput, FenwickState, float_tensor, heads_first, initial_state_output, int_tensor,
     pad_zeros, zeros_as,
@@ -82,10 +83,8 @@ pub fn chunked(
     // decayed by exp(γ_t − γ_s) and weighted by λ of the pair's level; the C×C level pattern is the same in every chunk. Levels above
     // L − 1 only occur between padding tokens, so they are clamped to stay in range.
     let tinv = ut_inverse(&kc, &bc); // [B, H, NT, C, C]
-    let qk = qc.clone().matmul(kc.clone().swap_dims(3, 4)).tril(0); // [B, H, NT, C, C]
-    let scores = qk
-        .clone()
-        .matmul(tinv.clone() * bc.clone().unsqueeze_dim(3));
+    let qk = qc.clone().gemm(kc.clone().swap_dims(3, 4)).tril(0); // [B, H, NT, C, C]
+    let scores = qk.clone().gemm(tinv.clone() * bc.clone().unsqueeze_dim(3));
     let mut pattern = vec![0i64; chunk * chunk];
     for i in 0..chunk {
         for j in 0..=i {
@@ -105,25 +104,23 @@ pub fn chunked(
     let decay = diff.mask_fill(above, 0.0).exp(); // [B, H, NT, C, C]
     // Â is exactly zero above the diagonal (a lower-triangular product), so no mask is needed.
     let mut o = (scores * decay * hier)
-        .matmul(vc.clone())
+        .gemm(vc.clone())
         .reshape([b, h, len, p]);
 
     // (b) Chunk summaries. WY form: Π_{r∈chunk} (I − β_r k_r k_rᵀ) = I − Kᵀ W, W = 𝐓⁻¹ diag(β) K;
     // its partial products (the rows s ≤ t of W) carry query t back to the chunk start.
-    let w = tinv
-        .clone()
-        .matmul(kc.clone() * bc.clone().unsqueeze_dim(4)); // [B, H, NT, C, N]
-    let rows = (qc - qk.matmul(w.clone())) * gc.clone().exp().unsqueeze_dim(4); // [B, H, NT, C, N]
+    let w = tinv.clone().gemm(kc.clone() * bc.clone().unsqueeze_dim(4)); // [B, H, NT, C, N]
+    let rows = (qc - qk.gemm(w.clone())) * gc.clone().exp().unsqueeze_dim(4); // [B, H, NT, C, N]
     let g_last = gc.clone().narrow(3, chunk - 1, 1); // [B, H, NT, 1]
     let eye = identity(n, dtype, &device);
     let trans = (eye.clone().unsqueeze_dim::<5>(0).expand([b, h, nt, n, n])
-        - kc.clone().swap_dims(3, 4).matmul(w))
+        - kc.clone().swap_dims(3, 4).gemm(w))
         * g_last.clone().exp().unsqueeze_dim(4); // G: [B, H, NT, N, N]
     // Keys carried to the chunk end, k̃_s = (Π_{r>s} 𝒜_r) β_s k_s: the rows of
     // diag(β e^{γ_last − γ}) 𝐓⁻ᵀ K; the chunk's state is Σ_s k̃_s v_sᵀ.
     let to_end = (g_last - gc).exp() * bc; // [B, H, NT, C]
-    let k_end = tinv.swap_dims(3, 4).matmul(kc) * to_end.unsqueeze_dim(4); // [B, H, NT, C, N]
-    let states = k_end.clone().swap_dims(3, 4).matmul(vc.clone()); // Z: [B, H, NT, N, P]
+    let k_end = tinv.swap_dims(3, 4).gemm(kc) * to_end.unsqueeze_dim(4); // [B, H, NT, C, N]
+    let states = k_end.clone().swap_dims(3, 4).gemm(vc.clone()); // Z: [B, H, NT, N, P]
 
     // The final state holds, per level, the bucket of the last token carried to it. Levels ≤ c
     // are buckets inside the last chunk; `carried` = Π 𝒜 from the start of the last token's
@@ -137,7 +134,7 @@ pub fn chunked(
         for (lv, range) in fenwick::buckets(last % chunk) {
             let (i0, size) = (range.start, range.len());
             let kr = kk.clone().narrow(2, i0, size).swap_dims(2, 3); // [B, H, N, size]
-            slots[lv] = Some(kr.matmul(vv.clone().narrow(2, i0, size)));
+            slots[lv] = Some(kr.gemm(vv.clone().narrow(2, i0, size)));
         }
         carried = Some(trans.clone().narrow(2, jc, 1).squeeze_dim::<4>(2)); // [B, H, N, N]
     }
@@ -190,7 +187,7 @@ pub fn chunked(
             )
             .reshape([b, h, pairs, 2 * size])
             .narrow(3, size, size); // [B, H, pairs, 2^m]
-            let read = r_odd.clone().matmul(s_even.clone()) * lam.unsqueeze_dim(4);
+            let read = r_odd.clone().gemm(s_even.clone()) * lam.unsqueeze_dim(4);
             let level_out = Tensor::cat(vec![zeros_as(&read, [b, h, pairs, size, p]), read], 3)
                 .reshape([b, h, rows_len, p])
                 .narrow(2, 0, len);
@@ -202,14 +199,14 @@ pub fn chunked(
             let pair = last >> (m + 1);
             if let Some(mc) = carried {
                 let even = |x: &Tensor<5>| x.clone().narrow(2, pair, 1).squeeze_dim::<4>(2);
-                slots[lv] = Some(mc.clone().matmul(even(&s_even)));
-                carried = Some(mc.matmul(even(&t_even)));
+                slots[lv] = Some(mc.clone().gemm(even(&s_even)));
+                carried = Some(mc.gemm(even(&t_even)));
             }
         }
         rows =
-            Tensor::cat(vec![r_even, r_odd.matmul(t_even.clone())], 3).reshape([b, h, rows_len, n]);
-        states = t_odd.clone().matmul(s_even) + s_odd;
-        trans = t_odd.matmul(t_even);
+            Tensor::cat(vec![r_even, r_odd.gemm(t_even.clone())], 3).reshape([b, h, rows_len, n]);
+        states = t_odd.clone().gemm(s_even) + s_odd;
+        trans = t_odd.gemm(t_even);
         m += 1;
     }
 
@@ -227,7 +224,7 @@ pub fn chunked(
             for j in 0..init.num_levels() {
                 if let Some(r) = init.representative(j) {
                     let lv = fenwick::level(end - 1, r);
-                    let old = through.clone().matmul(init.level(j));
+                    let old = through.clone().gemm(init.level(j));
                     slots[lv] = Some(match slots[lv].take() {
                         Some(s) => s + old,
                         None => old,
@@ -276,13 +273,13 @@ fn ut_inverse(k: &Tensor<5>, beta: &Tensor<4>) -> Tensor<5> {
         let corner = kg
             .clone()
             .narrow(2, m, m)
-            .matmul(kg.narrow(2, 0, m).swap_dims(2, 3))
+            .gemm(kg.narrow(2, 0, m).swap_dims(2, 3))
             * beta
                 .clone()
                 .reshape([x, groups, 2 * m])
                 .narrow(2, m, m)
                 .unsqueeze_dim(3); // [x, groups, m, m]
-        let lower = d_inv.clone().matmul(corner).matmul(a_inv.clone()).neg();
+        let lower = d_inv.clone().gemm(corner).gemm(a_inv.clone()).neg();
         let upper = Tensor::cat(vec![a_inv.clone(), a_inv.zeros_like()], 3);
         inv = Tensor::cat(vec![upper, Tensor::cat(vec![lower, d_inv], 3)], 2);
         m *= 2;

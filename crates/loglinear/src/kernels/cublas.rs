@@ -1,0 +1,200 @@
+//! [`GemmKernels::gemm`](super::gemm::GemmKernels::gemm) on CUDA devices by cuBLAS
+//! (`cublasGemmStridedBatchedEx`), enqueued on the CUDA stream that CubeCL runs the thread's
+//! kernels on, so that it is ordered with them like any kernel launch and nothing waits on the
+//! host.
+//!
+//! The buffers' device addresses and stream come from `ComputeClient::get_resource`, which
+//! first hands the device every operation queued before it; the stream field of the resource
+//! is what the patched cubecl-cuda adds (scripts/patches). libcublas is loaded at run time
+//! (from `LD_LIBRARY_PATH`, like libnvrtc); without it the products stay on CubeCL's kernels
+//! and one line on stderr says so.
+//!
+//! Row-major `C = A·B` is column-major `Cᵀ = Bᵀ·Aᵀ`: cuBLAS gets B as its first operand. An
+//! operand stored row-major (`[.., R, C]` with unit column stride) is, read column-major, its
+//! own transpose; a transposed view (unit row stride) is the matrix itself. Either needs no
+//! copy; anything else is made contiguous first. Half-precision operands accumulate in f32 and
+//! f32 operands compute in full f32 (no TF32), so results match the CPU's to rounding.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+use burn::tensor::DType;
+use burn_cubecl::CubeDevice;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::Runtime;
+use cudarc::cublas::sys::{
+    cublasComputeType_t, cublasGemmAlgo_t, cublasHandle_t, cublasOperation_t, cudaDataType,
+};
+use cudarc::driver::sys::CUcontext;
+
+use super::gemm::gemm_shape;
+
+type CudaServer = <cubecl_cuda::CudaRuntime as Runtime>::Server;
+
+/// How one operand is laid out for cuBLAS: its operation, leading dimension and batch stride
+/// (0 where its batch of 1 is broadcast), all in elements.
+struct Operand {
+    tensor: CubeTensor,
+    op: cublasOperation_t,
+    ld: i64,
+    batch_stride: i64,
+}
+
+impl Operand {
+    /// `t: [batch, rows, cols]` as cuBLAS reads it column-major: row-major storage is the
+    /// transpose (`OP_N` gives `tᵀ`), a transposed view is `t` (`OP_T` gives `tᵀ`).
+    fn new(t: CubeTensor) -> Self {
+        let [batch, rows, cols] = t.meta.shape().dims::<3>();
+        let layout = |t: &CubeTensor| {
+            let s = t.meta.strides();
+            let (s0, s1, s2) = (s[0] as i64, s[1] as i64, s[2] as i64);
+            let untiled = t.meta.tiling == Default::default();
+            let batch_stride = if batch == 1 { 0 } else { s0 };
+            let fits = |x: i64| x <= i32::MAX as i64;
+            if !untiled || (batch > 1 && s0 <= 0) || !fits(s1) || !fits(s2) {
+                None
+            } else if (s2 == 1 || cols == 1) && s1 >= cols.max(1) as i64 {
+                Some((cublasOperation_t::CUBLAS_OP_N, s1, batch_stride))
+            } else if (s1 == 1 || rows == 1) && s2 >= rows.max(1) as i64 {
+                Some((cublasOperation_t::CUBLAS_OP_T, s2, batch_stride))
+            } else {
+                None
+            }
+        };
+        let (t, (op, ld, batch_stride)) = match layout(&t) {
+            Some(l) => (t, l),
+            None => {
+                let t = into_contiguous(t);
+                let l = layout(&t).expect("a contiguous tensor is row-major");
+                (t, l)
+            }
+        };
+        Self {
+            tensor: t,
+            op,
+            ld,
+            batch_stride,
+        }
+    }
+}
+
+/// The per-thread cuBLAS handle of each CUDA device (handles are not shared across threads).
+struct Handles {
+    by_device: HashMap<usize, (CUcontext, cublasHandle_t)>,
+}
+
+thread_local! {
+    static HANDLES: RefCell<Handles> = RefCell::new(Handles { by_device: HashMap::new() });
+}
+
+/// Whether libcublas could be loaded (checked once; a line on stderr when it could not).
+fn cublas_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    *PRESENT.get_or_init(|| {
+        // SAFETY: only tries to open the library.
+        let present = unsafe { cudarc::cublas::sys::is_culib_present() };
+        if !present {
+            eprintln!(
+                "loglinear: libcublas not found (put the CUDA libraries, e.g. \
+                 /usr/local/cuda/lib64, on LD_LIBRARY_PATH); matrix products run on CubeCL's \
+                 kernels instead"
+            );
+        }
+        present
+    })
+}
+
+/// `a · b` by cuBLAS on a CUDA device, or the operands back where cuBLAS does not take them
+/// (another runtime, a dtype other than f32/bf16/f16, mixed dtypes, empty or oversized
+/// dimensions, no libcublas).
+pub(crate) fn gemm(a: CubeTensor, b: CubeTensor) -> Result<CubeTensor, (CubeTensor, CubeTensor)> {
+    let CubeDevice::Cuda(device) = &a.device else {
+        return Err((a, b));
+    };
+    let index = device.index;
+    let data_type = match a.dtype {
+        DType::F32 => cudaDataType::CUDA_R_32F,
+        DType::BF16 => cudaDataType::CUDA_R_16BF,
+        DType::F16 => cudaDataType::CUDA_R_16F,
+        _ => return Err((a, b)),
+    };
+    let shape = gemm_shape(a.meta.shape(), b.meta.shape());
+    let [batch, m, n] = shape.dims::<3>();
+    let k = a.meta.shape()[2];
+    let fits = |x: usize| x > 0 && x <= i32::MAX as usize;
+    if b.dtype != a.dtype || !(fits(batch) && fits(m) && fits(n) && fits(k)) || !cublas_present() {
+        return Err((a, b));
+    }
+    let (client, device) = (a.client.clone(), a.device.clone());
+    let (a, b) = (Operand::new(a), Operand::new(b));
+    let c = empty_device_contiguous_dtype(client.clone(), device, shape, a.tensor.dtype);
+    let resource = |t: &CubeTensor| {
+        client
+            .get_resource::<CudaServer>(t.handle.clone())
+            .unwrap_or_else(|e| panic!("gemm: the CUDA buffer of an operand: {e:?}"))
+    };
+    let (ra, rb, rc) = (resource(&a.tensor), resource(&b.tensor), resource(&c));
+    let stream = rc.resource().stream;
+    assert!(
+        !stream.is_null(),
+        "gemm: the CUDA buffer carries no stream (cubecl-cuda without the patch of scripts/patches)"
+    );
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    HANDLES.with_borrow_mut(|handles| {
+        let (ctx, handle) = *handles.by_device.entry(index).or_insert_with(|| {
+            // SAFETY: the device exists (CubeCL runs on it); the primary context is the one
+            // CubeCL retains and makes current on its threads.
+            unsafe {
+                let dev =
+                    cudarc::driver::result::device::get(index as i32).expect("gemm: cuDeviceGet");
+                let ctx = cudarc::driver::result::primary_ctx::retain(dev)
+                    .expect("gemm: cuDevicePrimaryCtxRetain");
+                cudarc::driver::result::ctx::set_current(ctx).expect("gemm: cuCtxSetCurrent");
+                let handle = cudarc::cublas::result::create_handle().expect("gemm: cublasCreate");
+                (ctx, handle)
+            }
+        });
+        // SAFETY: the pointers are live allocations of the resources held until the call has
+        // been enqueued (later reuse of their memory is ordered after it on the same stream);
+        // the dimensions, leading dimensions and strides describe the views checked above.
+        unsafe {
+            cudarc::driver::result::ctx::set_current(ctx).expect("gemm: cuCtxSetCurrent");
+            cudarc::cublas::result::set_stream(handle, stream as *mut _)
+                .expect("gemm: cublasSetStream");
+            cudarc::cublas::result::gemm_strided_batched_ex(
+                handle,
+                b.op,
+                a.op,
+                n as i32,
+                m as i32,
+                k as i32,
+                (&alpha as *const f32).cast::<c_void>(),
+                rb.resource().ptr as *const c_void,
+                data_type,
+                b.ld as i32,
+                b.batch_stride,
+                ra.resource().ptr as *const c_void,
+                data_type,
+                a.ld as i32,
+                a.batch_stride,
+                (&beta as *const f32).cast::<c_void>(),
+                rc.resource().ptr as *mut c_void,
+                data_type,
+                n as i32,
+                (m * n) as i64,
+                batch as i32,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+            .unwrap_or_else(|e| {
+                panic!("gemm: cublasGemmStridedBatchedEx ({batch} × {m}×{k} · {k}×{n}): {e:?}")
+            });
+        }
+    });
+    drop((ra, rb, rc));
+    Ok(c)
+}

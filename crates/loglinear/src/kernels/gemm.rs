@@ -1,0 +1,115 @@
+//! Batched matrix products as a backend extension with its own backward: on CUDA devices
+//! (feature `cublas`) they run on cuBLAS ([`super::cublas`]), elsewhere on Burn's matmul of the
+//! CubeCL backend. The entry points are [`crate::linalg::matmul`] and [`crate::linalg::linear`],
+//! which reach this module only on CubeCL devices.
+//!
+//! Why not Burn's matmul on CUDA: its autotuned CubeCL kernels reach ≈ 200 TFLOP/s in bf16 on
+//! the H200 where cuBLAS reaches ≈ 680, every new shape costs seconds of autotuning (minutes
+//! for a new model; bench/RESULTS.md, sessions 5 and 7), and under fusion a batched product fused
+//! with its element-wise neighbours ran at ≈ 1 TFLOP/s in the packed synthetic models (session 8).
+//! Under Burn's fusion the product is one opaque operation; the element-wise chains around it
+//! still fuse with each other.
+
+use burn::backend::ops::FloatTensorOps;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Backend, TensorMetadata, backend_extension};
+use burn::tensor::Shape;
+use burn_autodiff::Autodiff;
+use burn_autodiff::checkpoint::base::Checkpointer;
+use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn_autodiff::grads::Gradients;
+use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use burn_cubecl::CubeBackend;
+
+use super::Cb;
+
+/// `[batch, M, N]` of `a: [batch or 1, M, K] · b: [batch or 1, K, N]`.
+pub(crate) fn gemm_shape(a: &Shape, b: &Shape) -> Shape {
+    let ([ba, m, k], [bb, k2, n]) = (a.dims::<3>(), b.dims::<3>());
+    assert!(
+        k == k2 && (ba == bb || ba == 1 || bb == 1),
+        "gemm: shapes {:?} · {:?} (expected [batch or 1, M, K] · [batch or 1, K, N])",
+        a.as_slice(),
+        b.as_slice()
+    );
+    Shape::new([ba.max(bb), m, n])
+}
+
+/// Batched matrix products. Implemented for CubeCL backends and for autodiff over them.
+#[backend_extension(Cube, Fusion: cfg(feature = "fusion"), Autodiff)]
+pub trait GemmKernels: Backend {
+    /// `c = a · b` for `a: [batch or 1, M, K]`, `b: [batch or 1, K, N]` (a batch of 1 is
+    /// broadcast), in the dtype of `a` (accumulated in f32 for half-precision inputs). Operands
+    /// may be transposed views (`swap_dims(1, 2)`): no copy is made for them.
+    #[fusion(dtype = a, shape = gemm_shape(a, b))]
+    fn gemm(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
+}
+
+impl GemmKernels for CubeBackend {
+    fn gemm(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        let _ = gemm_shape(a.meta.shape(), b.meta.shape());
+        #[cfg(feature = "cublas")]
+        let (a, b) = match super::cublas::gemm(a, b) {
+            Ok(c) => return c,
+            Err(operands) => operands,
+        };
+        Cb::float_matmul(a, b)
+    }
+}
+
+/// Sums a `[batch, R, C]` gradient over its batch where the operand it belongs to had a batch
+/// of 1 (broadcast in the forward).
+fn unbroadcast<B: Backend>(grad: FloatTensor<B>, batch: usize) -> FloatTensor<B> {
+    if batch == 1 && grad.shape()[0] != 1 {
+        B::float_sum_dim(grad, 0)
+    } else {
+        grad
+    }
+}
+
+impl<B: Backend + GemmKernels, C: CheckpointStrategy> GemmKernels for Autodiff<B, C> {
+    fn gemm(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct GemmBackward;
+
+        impl<B: Backend + GemmKernels> Backward<B, 2> for GemmBackward {
+            // The operands that the other one's gradient needs (None where it is not tracked).
+            type State = (Option<FloatTensor<B>>, Option<FloatTensor<B>>, usize, usize);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 2>,
+                grads: &mut Gradients,
+                _checkpointer: &mut Checkpointer,
+            ) {
+                let grad = grads.consume::<B>(&ops.node);
+                let (a, b, batch_a, batch_b) = ops.state;
+                let [node_a, node_b] = ops.parents;
+                // dA = dC · Bᵀ, dB = Aᵀ · dC: transposes are views, the products read them as such.
+                if let (Some(node), Some(b)) = (node_a, b) {
+                    let da = B::gemm(grad.clone(), B::float_swap_dims(b, 1, 2));
+                    grads.register::<B>(node.id, unbroadcast::<B>(da, batch_a));
+                }
+                if let (Some(node), Some(a)) = (node_b, a) {
+                    let db = B::gemm(B::float_swap_dims(a, 1, 2), grad);
+                    grads.register::<B>(node.id, unbroadcast::<B>(db, batch_b));
+                }
+            }
+        }
+
+        let (tracked_a, tracked_b) = (a.is_tracked(), b.is_tracked());
+        let nodes = [a.node(), b.node()];
+        let (a, b) = (a.into_primitive(), b.into_primitive());
+        let (batch_a, batch_b) = (a.shape()[0], b.shape()[0]);
+        let c = B::gemm(a.clone(), b.clone());
+        match GemmBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                // dA needs B and dB needs A: keep only what a tracked operand's gradient needs.
+                let keep_b = tracked_a.then_some(b);
+                let keep_a = tracked_b.then_some(a);
+                prep.finish((keep_a, keep_b, batch_a, batch_b), c)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(c),
+        }
+    }
+}
