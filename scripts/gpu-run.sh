@@ -2,7 +2,7 @@
 # Runs on the GPU machine: scripts/gpu-run.sh STEP... where STEP is one of
 #   smoke | profile | profile-fwd | commands | kernels | op | op-check | train-fused | train-forms | commands-lm | op-long | op-chunked | train | train-short
 #   | train-long | train-32k | decode
-#   | mqar-timing | train-cold:LEVEL | train-modes:LEVEL:T:B | pack-alone | pack-grid:STEPS
+#   | mqar-timing | train-cold:LEVEL | train-modes:LEVEL:T:B | train-step:T:B | pack-alone | pack-grid:STEPS
 #   | sweep:CONFIG:JOBS[:SET,SET...] | lm-eval:NAME | op-gdn | cache-save | cold-compile | pack-profile
 # bin-gpu/loglinear.xz is built by scripts/build-gpu.sh and carried over; results go to $OUT.
 set -uo pipefail
@@ -177,6 +177,16 @@ train-cold:*)
     fi
     # The default level's cache serves the later steps of this call (and cache-save).
     [[ $level == minimal ]] && mkdir -p "$LOGLINEAR_KERNEL_CACHE" && cp -r /tmp/cache-$level/. "$LOGLINEAR_KERNEL_CACHE"/
+    ;;
+train-step:*)
+    # The LM step (D = 512, 6 layers, bf16) at T × B for the λ modes in $MODES (default linear,
+    # mlp_softplus), warm cache: the loss-curve check against the CPU first, then 10 timed steps
+    # and a kernel profile of 3 more.
+    IFS=: read -r _ len batch <<< "$s"
+    step "bench train T=$len batch $batch, ${MODES:-linear,mlp_softplus}, with the check and a profile"
+    timeout $(left ${STEP_TIMEOUT:-300}) $bin bench train --device cuda --runs 10 --seq-len $len --batch $batch \
+        --modes ${MODES:-linear,mlp_softplus} --profile 3 2>&1 | grep -v "Fastest result" \
+        | tee "$out/train_step_${len}x${batch}.txt" | grep -E "^check|^\| |^profiled|rror|panic"
     ;;
 train-modes:*)
     # Every λ mode and the Transformer at one setting, warm cache of the given autotune level.

@@ -25,7 +25,7 @@ use burn_cubecl::CubeDevice;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
-use cubecl::Runtime;
+use cubecl_runtime::runtime::Runtime;
 use cudarc::cublas::sys::{
     cublasComputeType_t, cublasGemmAlgo_t, cublasHandle_t, cublasOperation_t, cudaDataType,
 };
