@@ -77,6 +77,11 @@ pub struct ProfileReport {
     /// From the first kernel's start to the last kernel's end (ms); `None` where the backend
     /// gave lengths only.
     pub span_ms: Option<f64>,
+    /// Whether some device time was measured outside CubeCL's launches (cuBLAS): the span and
+    /// idle figures, placed by CubeCL's windows only, then leave it out.
+    pub outside_cubecl: bool,
+    /// Operands of cuBLAS products that were copied to a layout cuBLAS reads (shape, strides).
+    pub gemm_copies: Vec<String>,
     /// Launches whose measurement came back empty.
     pub unmeasured: usize,
 }
@@ -86,6 +91,9 @@ impl KernelProfile {
     pub fn start() -> Self {
         let recorder = Arc::new(Recorder::default());
         let observation = LaunchObservation::new(recorder.clone());
+        // cuBLAS products are not CubeCL launches: they are timed by events of their own.
+        #[cfg(feature = "kernels")]
+        loglinear::kernels::gemm::profile_start();
         Self {
             recorder,
             epoch: Instant::now(),
@@ -135,6 +143,26 @@ impl KernelProfile {
             k.launches += 1;
             k.ms += ms;
         }
+        #[cfg(feature = "kernels")]
+        let (cublas_ms, copies) = loglinear::kernels::gemm::profile_finish();
+        #[cfg(not(feature = "kernels"))]
+        let (cublas_ms, copies): (Vec<f64>, Vec<String>) = (Vec::new(), Vec::new());
+        if !cublas_ms.is_empty() {
+            let ms: f64 = cublas_ms.iter().sum();
+            report.device_ms += ms;
+            let family = "matmul (cuBLAS)";
+            let f = report.families.entry(family).or_default();
+            f.launches += cublas_ms.len();
+            f.ms += ms;
+            let (_, k) = report
+                .kernels
+                .entry("cublasGemmStridedBatchedEx".to_string())
+                .or_insert((family, FamilyTime::default()));
+            k.launches += cublas_ms.len();
+            k.ms += ms;
+            report.outside_cubecl = true;
+        }
+        report.gemm_copies = copies;
         if !windows.is_empty() {
             let first = windows.iter().map(|w| w.0).fold(f64::INFINITY, f64::min);
             let last = windows
@@ -228,7 +256,23 @@ impl ProfileReport {
             wall_step_ms - device,
             100.0 * (wall_step_ms - device) / wall_step_ms
         );
-        if let Some(span) = self.span_ms {
+        if !self.gemm_copies.is_empty() {
+            let mut distinct = self.gemm_copies.clone();
+            distinct.sort();
+            distinct.dedup();
+            out += &format!(
+                "\n{:.0} operand copies per step before cuBLAS products: {}\n",
+                per(self.gemm_copies.len() as f64),
+                distinct.join("; ")
+            );
+        }
+        if let (Some(span), true) = (self.span_ms, self.outside_cubecl) {
+            out += &format!(
+                "\nprofiled span of the CubeCL kernels {:.2} ms/step (cuBLAS products are timed \
+                 apart and not placed in it)\n",
+                per(span)
+            );
+        } else if let Some(span) = self.span_ms {
             out += &format!(
                 "\nprofiled span {:.2} ms/step from the first kernel's start to the last one's end, \
                  of which the device was idle {:.2} ms/step\n",

@@ -46,8 +46,14 @@ pub fn linear<const D: usize>(x: Tensor<D>, w: Tensor<2>) -> Tensor<D> {
             out
         );
         out[D - 1] = d_out;
-        let rows = x.shape().num_elements() / d_in.max(1);
-        let y = gemm3(x.reshape([1, rows, d_in]), w.unsqueeze_dim::<3>(0));
+        // `[batch, rows, d_in]` with the weight broadcast over the batch: for 3-D inputs (the
+        // models' activations) no reshape at all, so neither the input nor the gradient that
+        // comes back is ever copied to fit a shape (pitched rows cannot always be merged).
+        let (batch, rows) = match D {
+            2 => (1, out[0]),
+            _ => (out[..D - 2].iter().product(), out[D - 2]),
+        };
+        let y = gemm3(x.reshape([batch, rows, d_in]), w.unsqueeze_dim::<3>(0));
         return y.reshape(out);
     }
     burn::tensor::module::linear(x, w, None)

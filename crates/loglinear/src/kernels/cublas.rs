@@ -18,7 +18,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use burn::tensor::DType;
 use burn_cubecl::CubeDevice;
@@ -29,7 +29,7 @@ use cubecl_runtime::runtime::Runtime;
 use cudarc::cublas::sys::{
     cublasComputeType_t, cublasGemmAlgo_t, cublasHandle_t, cublasOperation_t, cudaDataType,
 };
-use cudarc::driver::sys::CUcontext;
+use cudarc::driver::sys::{CUcontext, CUevent, CUevent_flags, CUstream};
 
 use super::gemm::gemm_shape;
 
@@ -68,6 +68,7 @@ impl Operand {
         let (t, (op, ld, batch_stride)) = match layout(&t) {
             Some(l) => (t, l),
             None => {
+                note_copy(&t);
                 let t = into_contiguous(t);
                 let l = layout(&t).expect("a contiguous tensor is row-major");
                 (t, l)
@@ -138,7 +139,7 @@ pub(crate) fn gemm(a: CubeTensor, b: CubeTensor) -> Result<CubeTensor, (CubeTens
             .unwrap_or_else(|e| panic!("gemm: the CUDA buffer of an operand: {e:?}"))
     };
     let (ra, rb, rc) = (resource(&a.tensor), resource(&b.tensor), resource(&c));
-    let stream = rc.resource().stream;
+    let stream: CUstream = rc.resource().stream;
     assert!(
         !stream.is_null(),
         "gemm: the CUDA buffer carries no stream (cubecl-cuda without the patch of scripts/patches)"
@@ -165,36 +166,109 @@ pub(crate) fn gemm(a: CubeTensor, b: CubeTensor) -> Result<CubeTensor, (CubeTens
             cudarc::driver::result::ctx::set_current(ctx).expect("gemm: cuCtxSetCurrent");
             cudarc::cublas::result::set_stream(handle, stream as *mut _)
                 .expect("gemm: cublasSetStream");
-            cudarc::cublas::result::gemm_strided_batched_ex(
-                handle,
-                b.op,
-                a.op,
-                n as i32,
-                m as i32,
-                k as i32,
-                (&alpha as *const f32).cast::<c_void>(),
-                rb.resource().ptr as *const c_void,
-                data_type,
-                b.ld as i32,
-                b.batch_stride,
-                ra.resource().ptr as *const c_void,
-                data_type,
-                a.ld as i32,
-                a.batch_stride,
-                (&beta as *const f32).cast::<c_void>(),
-                rc.resource().ptr as *mut c_void,
-                data_type,
-                n as i32,
-                (m * n) as i64,
-                batch as i32,
-                cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-            .unwrap_or_else(|e| {
-                panic!("gemm: cublasGemmStridedBatchedEx ({batch} × {m}×{k} · {k}×{n}): {e:?}")
+            timed(stream, || {
+                cudarc::cublas::result::gemm_strided_batched_ex(
+                    handle,
+                    b.op,
+                    a.op,
+                    n as i32,
+                    m as i32,
+                    k as i32,
+                    (&alpha as *const f32).cast::<c_void>(),
+                    rb.resource().ptr as *const c_void,
+                    data_type,
+                    b.ld as i32,
+                    b.batch_stride,
+                    ra.resource().ptr as *const c_void,
+                    data_type,
+                    a.ld as i32,
+                    a.batch_stride,
+                    (&beta as *const f32).cast::<c_void>(),
+                    rc.resource().ptr as *mut c_void,
+                    data_type,
+                    n as i32,
+                    (m * n) as i64,
+                    batch as i32,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+                .unwrap_or_else(|e| {
+                    panic!("gemm: cublasGemmStridedBatchedEx ({batch} × {m}×{k} · {k}×{n}): {e:?}")
+                })
             });
         }
     });
     drop((ra, rb, rc));
     Ok(c)
+}
+
+/// cuBLAS calls bracketed by CUDA events while a profile runs ([`profile_start`] to
+/// [`profile_finish`]): CubeCL's launch observer sees only CubeCL kernels.
+struct Timings(Vec<(CUevent, CUevent)>, Vec<String>);
+
+// SAFETY: CUDA events are plain handles, valid on any thread of the process.
+unsafe impl Send for Timings {}
+
+static PROFILE: Mutex<Option<Timings>> = Mutex::new(None);
+
+/// Starts timing every cuBLAS call of the process.
+pub(crate) fn profile_start() {
+    *PROFILE.lock().expect("gemm profile lock") = Some(Timings(Vec::new(), Vec::new()));
+}
+
+/// Stops timing and returns each call's device milliseconds (waits for the calls to finish)
+/// and the operands that were copied to a layout cuBLAS reads.
+pub(crate) fn profile_finish() -> (Vec<f64>, Vec<String>) {
+    let Some(Timings(events, copies)) = PROFILE.lock().expect("gemm profile lock").take() else {
+        return (Vec::new(), Vec::new());
+    };
+    let times = events
+        .into_iter()
+        .map(|(start, end)| {
+            // SAFETY: both events were created and recorded by `gemm` and are destroyed here once.
+            unsafe {
+                cudarc::driver::result::event::synchronize(end).expect("gemm: cuEventSynchronize");
+                let ms = cudarc::driver::result::event::elapsed(start, end)
+                    .expect("gemm: cuEventElapsedTime");
+                cudarc::driver::result::event::destroy(start).ok();
+                cudarc::driver::result::event::destroy(end).ok();
+                f64::from(ms)
+            }
+        })
+        .collect();
+    (times, copies)
+}
+
+/// Two events recorded on `stream` around `call` when a profile runs; `call` alone otherwise.
+fn timed(stream: CUstream, call: impl FnOnce()) {
+    let mut profile = PROFILE.lock().expect("gemm profile lock");
+    let Some(Timings(events, _)) = profile.as_mut() else {
+        drop(profile);
+        return call();
+    };
+    let event = || {
+        cudarc::driver::result::event::create(CUevent_flags::CU_EVENT_DEFAULT)
+            .expect("gemm: cuEventCreate")
+    };
+    let (start, end) = (event(), event());
+    // SAFETY: fresh events recorded on the live stream the call is enqueued on.
+    unsafe {
+        cudarc::driver::result::event::record(start, stream).expect("gemm: cuEventRecord");
+        call();
+        cudarc::driver::result::event::record(end, stream).expect("gemm: cuEventRecord");
+    }
+    events.push((start, end));
+}
+
+/// Records an operand that had to be copied to a layout cuBLAS reads (shape and strides), while
+/// a profile runs.
+fn note_copy(t: &CubeTensor) {
+    if let Some(Timings(_, copies)) = PROFILE.lock().expect("gemm profile lock").as_mut() {
+        copies.push(format!(
+            "{:?} strides {:?} {:?}",
+            t.meta.shape().as_slice(),
+            t.meta.strides().as_slice(),
+            t.dtype
+        ));
+    }
 }

@@ -91,8 +91,19 @@ impl<B: Backend + GemmKernels, C: CheckpointStrategy> GemmKernels for Autodiff<B
                     grads.register::<B>(node.id, unbroadcast::<B>(da, batch_a));
                 }
                 if let (Some(node), Some(a)) = (node_b, a) {
-                    let db = B::gemm(B::float_swap_dims(a, 1, 2), grad);
-                    grads.register::<B>(node.id, unbroadcast::<B>(db, batch_b));
+                    let db = if batch_b == 1 && batch_a > 1 {
+                        // A weight shared by the batch: Σ_z A_zᵀ dC_z is one product over all
+                        // rows of the batch (no per-batch products to sum afterwards).
+                        let [_, m, k] = a.shape().dims::<3>();
+                        let n = grad.shape()[2];
+                        let rows = |t: FloatTensor<B>, cols| {
+                            B::float_reshape(t, Shape::new([1, batch_a * m, cols]))
+                        };
+                        B::gemm(B::float_swap_dims(rows(a, k), 1, 2), rows(grad, n))
+                    } else {
+                        unbroadcast::<B>(B::gemm(B::float_swap_dims(a, 1, 2), grad), batch_b)
+                    };
+                    grads.register::<B>(node.id, db);
                 }
             }
         }
@@ -112,4 +123,22 @@ impl<B: Backend + GemmKernels, C: CheckpointStrategy> GemmKernels for Autodiff<B
             OpsKind::UnTracked(prep) => prep.finish(c),
         }
     }
+}
+
+/// Starts timing the products that run outside CubeCL (cuBLAS), which CubeCL's launch observer
+/// does not see: a profiler calls this with its own start and [`profile_finish`] after the
+/// device finished the region. Nothing happens in builds without the `cublas` feature.
+pub fn profile_start() {
+    #[cfg(feature = "cublas")]
+    super::cublas::profile_start();
+}
+
+/// The device milliseconds of every cuBLAS product since [`profile_start`], and the operands
+/// that had to be copied to a layout cuBLAS reads (shape, strides, dtype); empty without the
+/// `cublas` feature.
+pub fn profile_finish() -> (Vec<f64>, Vec<String>) {
+    #[cfg(feature = "cublas")]
+    return super::cublas::profile_finish();
+    #[cfg(not(feature = "cublas"))]
+    (Vec::new(), Vec::new())
 }
