@@ -267,7 +267,7 @@ fn note_copy(t: &CubeTensor) {
         copies.push(format!(
             "{:?} strides {:?} {:?}",
             t.meta.shape().as_slice(),
-            t.meta.strides().as_slice(),
+            t.meta.strides(),
             t.dtype
         ));
     }
