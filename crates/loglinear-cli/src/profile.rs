@@ -82,6 +82,8 @@ pub struct ProfileReport {
     pub outside_cubecl: bool,
     /// Operands of cuBLAS products that were copied to a layout cuBLAS reads (shape, strides).
     pub gemm_copies: Vec<String>,
+    /// cuBLAS products by shape: calls, floating-point operations and device ms, summed.
+    pub gemms: BTreeMap<String, (usize, f64, f64)>,
     /// Launches whose measurement came back empty.
     pub unmeasured: usize,
 }
@@ -146,20 +148,23 @@ impl KernelProfile {
         #[cfg(feature = "kernels")]
         let (cublas_ms, copies) = loglinear::kernels::gemm::profile_finish();
         #[cfg(not(feature = "kernels"))]
-        let (cublas_ms, copies): (Vec<f64>, Vec<String>) = (Vec::new(), Vec::new());
-        if !cublas_ms.is_empty() {
-            let ms: f64 = cublas_ms.iter().sum();
+        let (cublas_ms, copies): (Vec<(String, f64, f64)>, Vec<String>) = (Vec::new(), Vec::new());
+        for (shape, flops, ms) in cublas_ms {
             report.device_ms += ms;
             let family = "matmul (cuBLAS)";
             let f = report.families.entry(family).or_default();
-            f.launches += cublas_ms.len();
+            f.launches += 1;
             f.ms += ms;
             let (_, k) = report
                 .kernels
                 .entry("cublasGemmStridedBatchedEx".to_string())
                 .or_insert((family, FamilyTime::default()));
-            k.launches += cublas_ms.len();
+            k.launches += 1;
             k.ms += ms;
+            let g = report.gemms.entry(shape).or_default();
+            g.0 += 1;
+            g.1 += flops;
+            g.2 += ms;
             report.outside_cubecl = true;
         }
         report.gemm_copies = copies;
@@ -256,6 +261,20 @@ impl ProfileReport {
             wall_step_ms - device,
             100.0 * (wall_step_ms - device) / wall_step_ms
         );
+        if !self.gemms.is_empty() {
+            let mut gemms: Vec<_> = self.gemms.iter().collect();
+            gemms.sort_by(|a, b| b.1.2.total_cmp(&a.1.2));
+            out += "\ncuBLAS products by shape (row-major; ᵀ: read from a transposed view):\n\n\
+                    | product | calls/step | device ms/step | TFLOP/s |\n|---|---|---|---|\n";
+            for (shape, (calls, flops, ms)) in gemms {
+                out += &format!(
+                    "| {shape} | {:.0} | {:.3} | {:.0} |\n",
+                    per(*calls as f64),
+                    per(*ms),
+                    flops / (ms * 1e9)
+                );
+            }
+        }
         if !self.gemm_copies.is_empty() {
             let mut distinct = self.gemm_copies.clone();
             distinct.sort();

@@ -48,8 +48,11 @@ pub fn linear<const D: usize>(x: Tensor<D>, w: Tensor<2>) -> Tensor<D> {
         out[D - 1] = d_out;
         // `[batch, rows, d_in]` with the weight broadcast over the batch: for 3-D inputs (the
         // models' activations) no reshape at all, so neither the input nor the gradient that
-        // comes back is ever copied to fit a shape (pitched rows cannot always be merged).
+        // comes back is ever copied to fit a shape (pitched rows cannot always be merged); the
+        // cuBLAS launcher runs such a product as one GEMM over all rows where they follow each
+        // other in memory.
         let (batch, rows) = match D {
+            1 => (1, 1),
             2 => (1, out[0]),
             _ => (out[..D - 2].iter().product(), out[D - 2]),
         };

@@ -133,6 +133,15 @@ pub(crate) fn gemm(a: CubeTensor, b: CubeTensor) -> Result<CubeTensor, (CubeTens
     let (client, device) = (a.client.clone(), a.device.clone());
     let (a, b) = (Operand::new(a), Operand::new(b));
     let c = empty_device_contiguous_dtype(client.clone(), device, shape, a.tensor.dtype);
+    // A weight shared by the batch (b's batch stride 0) times a row-major `a` whose batches
+    // follow each other row after row is one product over all the batch's rows: one large GEMM
+    // instead of `batch` small ones (`c` is contiguous, so its rows follow likewise).
+    let flat = batch > 1
+        && b.batch_stride == 0
+        && a.op == cublasOperation_t::CUBLAS_OP_N
+        && a.batch_stride == m as i64 * a.ld
+        && fits(batch * m);
+    let (batch, m) = if flat { (1, batch * m) } else { (batch, m) };
     let resource = |t: &CubeTensor| {
         client
             .get_resource::<CudaServer>(t.handle.clone())
@@ -166,7 +175,21 @@ pub(crate) fn gemm(a: CubeTensor, b: CubeTensor) -> Result<CubeTensor, (CubeTens
             cudarc::driver::result::ctx::set_current(ctx).expect("gemm: cuCtxSetCurrent");
             cudarc::cublas::result::set_stream(handle, stream as *mut _)
                 .expect("gemm: cublasSetStream");
-            timed(stream, || {
+            // The product in row-major terms; ᵀ marks an operand read from a transposed view.
+            let label = || {
+                let view = |o: cublasOperation_t| match o {
+                    cublasOperation_t::CUBLAS_OP_T => "ᵀ",
+                    _ => "",
+                };
+                let shape = format!(
+                    "{batch} × [{m}×{k}]{} · [{k}×{n}]{} {:?}",
+                    view(a.op),
+                    view(b.op),
+                    a.tensor.dtype
+                );
+                (shape, 2.0 * (batch * m * n * k) as f64)
+            };
+            timed(stream, label, || {
                 cudarc::cublas::result::gemm_strided_batched_ex(
                     handle,
                     b.op,
@@ -204,7 +227,7 @@ pub(crate) fn gemm(a: CubeTensor, b: CubeTensor) -> Result<CubeTensor, (CubeTens
 
 /// cuBLAS calls bracketed by CUDA events while a profile runs ([`profile_start`] to
 /// [`profile_finish`]): CubeCL's launch observer sees only CubeCL kernels.
-struct Timings(Vec<(CUevent, CUevent)>, Vec<String>);
+struct Timings(Vec<(CUevent, CUevent, String, f64)>, Vec<String>);
 
 // SAFETY: CUDA events are plain handles, valid on any thread of the process.
 unsafe impl Send for Timings {}
@@ -216,15 +239,16 @@ pub(crate) fn profile_start() {
     *PROFILE.lock().expect("gemm profile lock") = Some(Timings(Vec::new(), Vec::new()));
 }
 
-/// Stops timing and returns each call's device milliseconds (waits for the calls to finish)
-/// and the operands that were copied to a layout cuBLAS reads.
-pub(crate) fn profile_finish() -> (Vec<f64>, Vec<String>) {
+/// Stops timing and returns each call's product (shape, operations, dtype), its floating-point
+/// operations and device milliseconds (waits for the calls to finish), and the operands that were copied to a layout
+/// cuBLAS reads.
+pub(crate) fn profile_finish() -> (Vec<(String, f64, f64)>, Vec<String>) {
     let Some(Timings(events, copies)) = PROFILE.lock().expect("gemm profile lock").take() else {
         return (Vec::new(), Vec::new());
     };
     let times = events
         .into_iter()
-        .map(|(start, end)| {
+        .map(|(start, end, label, flops)| {
             // SAFETY: both events were created and recorded by `gemm` and are destroyed here once.
             unsafe {
                 cudarc::driver::result::event::synchronize(end).expect("gemm: cuEventSynchronize");
@@ -232,7 +256,7 @@ pub(crate) fn profile_finish() -> (Vec<f64>, Vec<String>) {
                     .expect("gemm: cuEventElapsedTime");
                 cudarc::driver::result::event::destroy(start).ok();
                 cudarc::driver::result::event::destroy(end).ok();
-                f64::from(ms)
+                (label, flops, f64::from(ms))
             }
         })
         .collect();
@@ -240,7 +264,7 @@ pub(crate) fn profile_finish() -> (Vec<f64>, Vec<String>) {
 }
 
 /// Two events recorded on `stream` around `call` when a profile runs; `call` alone otherwise.
-fn timed(stream: CUstream, call: impl FnOnce()) {
+fn timed(stream: CUstream, label: impl FnOnce() -> (String, f64), call: impl FnOnce()) {
     let mut profile = PROFILE.lock().expect("gemm profile lock");
     let Some(Timings(events, _)) = profile.as_mut() else {
         drop(profile);
@@ -257,7 +281,8 @@ fn timed(stream: CUstream, call: impl FnOnce()) {
         call();
         cudarc::driver::result::event::record(end, stream).expect("gemm: cuEventRecord");
     }
-    events.push((start, end));
+    let (label, flops) = label();
+    events.push((start, end, label, flops));
 }
 
 /// Records an operand that had to be copied to a layout cuBLAS reads (shape and strides), while

@@ -3,10 +3,14 @@
 //! CubeCL backend. The entry points are [`crate::linalg::matmul`] and [`crate::linalg::linear`],
 //! which reach this module only on CubeCL devices.
 //!
-//! Why not Burn's matmul on CUDA: its autotuned CubeCL kernels reach ≈ 200 TFLOP/s in bf16 on
-//! the H200 where cuBLAS reaches ≈ 680, every new shape costs seconds of autotuning (minutes
-//! for a new model; bench/RESULTS.md, sessions 5 and 7), and under fusion a batched product fused
-//! with its element-wise neighbours ran at ≈ 1 TFLOP/s in the packed synthetic models (session 8).
+//! Why not Burn's matmul on CUDA: every new product shape costs seconds of CubeCL autotuning
+//! (minutes for a new model; bench/RESULTS.md, sessions 5 and 7: the Gated DeltaNet op's chunked
+//! form could not even be timed), and under fusion a batched product fused with its element-wise
+//! neighbours ran at ≈ 1 TFLOP/s in the packed synthetic models (session 8; packs went from 4.1×
+//! to 1.7× one run). On one large square bf16 GEMM cuBLAS reaches ≈ 680 TFLOP/s on the H200 and
+//! CubeCL ≈ 200; on the LM step's thin products cuBLAS measured no faster (52 against 54 ms,
+//! session 8), and as opaque operations the products cut fusion streams that CubeCL's fused
+//! matmuls had extended (casts and copies around them grew): the LM step is the open cost.
 //! Under Burn's fusion the product is one opaque operation; the element-wise chains around it
 //! still fuse with each other.
 
@@ -133,10 +137,12 @@ pub fn profile_start() {
     super::cublas::profile_start();
 }
 
-/// The device milliseconds of every cuBLAS product since [`profile_start`], and the operands
-/// that had to be copied to a layout cuBLAS reads (shape, strides, dtype); empty without the
-/// `cublas` feature.
-pub fn profile_finish() -> (Vec<f64>, Vec<String>) {
+/// Every cuBLAS product since [`profile_start`] (its shape in row-major terms, `ᵀ` on an operand
+/// read from a transposed view, and dtype) with its floating-point operations and device
+/// milliseconds, and the operands that
+/// had to be copied to a layout cuBLAS reads (shape, strides, dtype); empty without the `cublas`
+/// feature.
+pub fn profile_finish() -> (Vec<(String, f64, f64)>, Vec<String>) {
     #[cfg(feature = "cublas")]
     return super::cublas::profile_finish();
     #[cfg(not(feature = "cublas"))]
