@@ -3,7 +3,7 @@
 #   smoke | profile | profile-fwd | commands | kernels | op | op-check | train-fused | train-forms | commands-lm | op-long | op-chunked | train | train-short
 #   | train-long | train-32k | decode
 #   | mqar-timing | train-cold:LEVEL | train-modes:LEVEL:T:B | train-step:T:B | pack-alone | pack-grid:STEPS
-#   | sweep:CONFIG:JOBS[:SET,SET...] | lm-eval:NAME | op-gdn | cache-save | cold-compile | pack-profile
+#   | sweep:CONFIG:JOBS[:SET,SET...] | lm-eval:NAME | op-gdn | gemm | cache-save | cold-compile | pack-profile
 # bin-gpu/loglinear.xz is built by scripts/build-gpu.sh and carried over; results go to $OUT.
 set -uo pipefail
 export CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
@@ -259,6 +259,13 @@ pack-profile)
     LOGLINEAR_PROFILE_PACK=100:10 timeout $(left 300) $bin sweep /tmp/mlp.toml --device cuda --out /tmp/packprof \
         --set train.steps=111 --set task.seq_len=256 --set model.form=$form --set eval.every=1000 2>&1 \
         | grep -v "Fastest result" | grep -E "^\||profile|pack|error" | tee "$out/pack_profile_$form.txt"
+    ;;
+gemm)
+    # The LM's products (layers, tied head, their backward shapes) through linalg::matmul
+    # (cuBLAS) and Burn's matmul (CubeCL, autotuned on first use), bf16.
+    step "bench gemm, the LM's products, bf16"
+    timeout $(left ${GEMM_TIMEOUT:-240}) $bin bench gemm --device cuda 2>&1 \
+        | grep -v "Fastest result\|Tuning:\|^ - \|Short circ" | tee "$out/bench_gemm.txt"
     ;;
 op-gdn)
     # The Gated DeltaNet op (chunked tensor form, bf16 inputs computed in f32) at the published

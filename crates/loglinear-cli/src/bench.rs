@@ -901,3 +901,102 @@ fn bench_gdn_op(cfg: &OpBench, device: &Device) -> Result<String> {
     }
     Ok(out)
 }
+
+/// One product of `bench gemm`: `[m×k]·[k×n]`, the right operand read from a transposed view
+/// where `transposed`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GemmShape {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub transposed: bool,
+}
+
+/// Parses `MxKxN` or `MxKxNt`.
+pub fn parse_gemm_shape(text: &str) -> Result<GemmShape> {
+    let (dims, transposed) = match text.strip_suffix('t') {
+        Some(d) => (d, true),
+        None => (text, false),
+    };
+    let parts: Vec<usize> = dims
+        .split('x')
+        .map(|x| x.parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| anyhow::anyhow!("bench gemm: {text:?} is not MxKxN or MxKxNt"))?;
+    match parts[..] {
+        [m, k, n] if m > 0 && k > 0 && n > 0 => Ok(GemmShape {
+            m,
+            k,
+            n,
+            transposed,
+        }),
+        _ => bail!("bench gemm: {text:?} is not MxKxN or MxKxNt with positive sizes"),
+    }
+}
+
+/// `bench gemm`: every product through `linalg::matmul` (on cuBLAS in GPU builds with the
+/// `cublas` feature) and through Burn's `matmul` (CubeCL's autotuned kernels on GPUs; the first
+/// call of a shape autotunes), the two results compared, then each timed (median of `runs`).
+pub fn bench_gemm(
+    shapes: &[GemmShape],
+    dtype: DType,
+    runs: usize,
+    device: &Device,
+) -> Result<String> {
+    use burn::tensor::Distribution;
+    let mut out = String::new();
+    emit(
+        &mut out,
+        &format!(
+            "matrix products on {device:?}, {dtype:?} operands; median of {runs} runs\n\n\
+             | product | linalg::matmul ms | TFLOP/s | Burn matmul ms | TFLOP/s | max difference / max entry |\n\
+             |---|---|---|---|---|---|\n"
+        ),
+    );
+    for &GemmShape {
+        m,
+        k,
+        n,
+        transposed,
+    } in shapes
+    {
+        let a = Tensor::<2>::random([m, k], Distribution::Normal(0.0, 1.0), device).cast(dtype);
+        let b = if transposed {
+            Tensor::<2>::random([n, k], Distribution::Normal(0.0, 1.0), device)
+                .cast(dtype)
+                .transpose()
+        } else {
+            Tensor::<2>::random([k, n], Distribution::Normal(0.0, 1.0), device).cast(dtype)
+        };
+        let ours = loglinear::linalg::matmul(a.clone(), b.clone());
+        let burns = a.clone().matmul(b.clone());
+        let scale = burns
+            .clone()
+            .abs()
+            .max()
+            .cast(DType::F32)
+            .into_scalar::<f32>() as f64;
+        let diff = (ours.cast(DType::F32) - burns.cast(DType::F32))
+            .abs()
+            .max()
+            .into_scalar::<f32>() as f64;
+        let t_ours = time_ms(2, runs, device, || {
+            let _ = loglinear::linalg::matmul(a.clone(), b.clone());
+        });
+        let t_burn = time_ms(2, runs, device, || {
+            let _ = a.clone().matmul(b.clone());
+        });
+        let tflops = |ms: f64| 2.0 * (m * k * n) as f64 / (ms * 1e9);
+        emit(
+            &mut out,
+            &format!(
+                "| [{m}×{k}]·[{k}×{n}]{} | {t_ours:.3} | {:.0} | {t_burn:.3} | {:.0} | {:.1e} |\n",
+                if transposed { "ᵀ" } else { "" },
+                tflops(t_ours),
+                tflops(t_burn),
+                diff / scale.max(f64::MIN_POSITIVE)
+            ),
+        );
+    }
+    Ok(out)
+}

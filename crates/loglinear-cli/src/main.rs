@@ -129,6 +129,28 @@ enum BenchCommand {
         #[arg(long, default_value = "cpu")]
         device: String,
     },
+    /// Matrix products: `loglinear::linalg::matmul` (cuBLAS in GPU builds) against Burn's
+    /// `matmul` (CubeCL's autotuned kernels on GPUs), checked against each other, then timed.
+    Gemm {
+        /// Products `MxKxN` (comma-separated); a trailing `t` reads the `[K×N]` operand from a
+        /// transposed view (as the tied LM head reads the embedding table). Default: the
+        /// published LM's shapes at T × B = 32,768 (layers, head, and their backward products).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "32768x512x2048,32768x512x512,32768x2048x512,512x32768x2048,32768x512x50257t,32768x50257x512,512x32768x50257"
+        )]
+        shapes: Vec<String>,
+        /// Operand dtype: bf16, f16, f32.
+        #[arg(long, default_value = "bf16")]
+        dtype: String,
+        /// Timed runs (median).
+        #[arg(long, default_value_t = 10)]
+        runs: usize,
+        /// Device: cpu, cuda[:N] or wgpu.
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
     /// The fused kernels' correctness matrix (awkward T, N, P; f32 and bf16; all gradients)
     /// against the f64 parallel form: the GPU tests of the kernels.
     Kernels {
@@ -581,6 +603,23 @@ fn run_bench(cmd: BenchCommand) -> Result<()> {
                 variant,
             };
             bench::bench_op(&cfg, &parse_device(&device)?)?
+        }
+        BenchCommand::Gemm {
+            shapes,
+            dtype,
+            runs,
+            device,
+        } => {
+            let shapes = shapes
+                .iter()
+                .map(|s| bench::parse_gemm_shape(s))
+                .collect::<Result<Vec<_>>>()?;
+            bench::bench_gemm(
+                &shapes,
+                bench::parse_dtype(&dtype)?,
+                runs,
+                &parse_device(&device)?,
+            )?
         }
         BenchCommand::Kernels { device } => bench_kernels(&parse_device(&device)?)?,
         BenchCommand::Decode {

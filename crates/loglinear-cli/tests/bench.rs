@@ -67,3 +67,34 @@ fn bench_op_gdn_checks_then_times_the_chunked_form() {
     let err = bench_op(&cfg, &Device::flex()).unwrap_err().to_string();
     assert!(err.contains("no fused form for Gated DeltaNet"), "{err}");
 }
+
+/// `bench gemm`: one row per product (the right operand as stored or as a transposed view), the
+/// two paths agreeing (on the CPU both are Burn's matmul: exactly); malformed shapes refused.
+#[test]
+fn bench_gemm_compares_and_times_each_product() {
+    use loglinear_cli::bench::{GemmShape, bench_gemm, parse_gemm_shape};
+    assert_eq!(
+        parse_gemm_shape("33x17x9t").unwrap(),
+        GemmShape {
+            m: 33,
+            k: 17,
+            n: 9,
+            transposed: true
+        }
+    );
+    for bad in ["3x4", "0x4x5", "3x4x5x6", "ax4x5", "3x4x5T"] {
+        assert!(parse_gemm_shape(bad).is_err(), "{bad} accepted");
+    }
+    let shapes = [
+        parse_gemm_shape("20x7x13").unwrap(),
+        parse_gemm_shape("33x17x9t").unwrap(),
+    ];
+    let report = bench_gemm(&shapes, DType::F32, 1, &Device::flex()).unwrap();
+    for row in ["| [20×7]·[7×13] |", "| [33×17]·[17×9]ᵀ |"] {
+        let line = report
+            .lines()
+            .find(|l| l.starts_with(row))
+            .unwrap_or_else(|| panic!("missing {row:?} in\n{report}"));
+        assert!(line.ends_with("| 0.0e0 |"), "the two paths differ: {line}");
+    }
+}
