@@ -77,9 +77,6 @@ pub struct ProfileReport {
     /// From the first kernel's start to the last kernel's end (ms); `None` where the backend
     /// gave lengths only.
     pub span_ms: Option<f64>,
-    /// Whether some device time was measured outside CubeCL's launches (cuBLAS): the span and
-    /// idle figures, placed by CubeCL's windows only, then leave it out.
-    pub outside_cubecl: bool,
     /// Operands of cuBLAS products that were copied to a layout cuBLAS reads (shape, strides).
     pub gemm_copies: Vec<String>,
     /// cuBLAS products by shape: calls, floating-point operations and device ms, summed.
@@ -165,7 +162,6 @@ impl KernelProfile {
             g.0 += 1;
             g.1 += flops;
             g.2 += ms;
-            report.outside_cubecl = true;
         }
         report.gemm_copies = copies;
         if !windows.is_empty() {
@@ -285,7 +281,8 @@ impl ProfileReport {
                 distinct.join("; ")
             );
         }
-        if let (Some(span), true) = (self.span_ms, self.outside_cubecl) {
+        // cuBLAS time is measured apart from CubeCL's windows: the span then leaves it out.
+        if let (Some(span), false) = (self.span_ms, self.gemms.is_empty()) {
             out += &format!(
                 "\nprofiled span of the CubeCL kernels {:.2} ms/step (cuBLAS products are timed \
                  apart and not placed in it)\n",

@@ -105,7 +105,8 @@ impl<B: Backend + GemmKernels, C: CheckpointStrategy> GemmKernels for Autodiff<B
                         };
                         B::gemm(B::float_swap_dims(rows(a, k), 1, 2), rows(grad, n))
                     } else {
-                        unbroadcast::<B>(B::gemm(B::float_swap_dims(a, 1, 2), grad), batch_b)
+                        // Here b's batch is the result's (or both are 1): nothing to sum.
+                        B::gemm(B::float_swap_dims(a, 1, 2), grad)
                     };
                     grads.register::<B>(node.id, db);
                 }
