@@ -610,7 +610,7 @@ fn random_tokens(
 
 /// Losses of `steps` AdamW steps of the model of `cfg` on fixed random batches.
 fn loss_curve(cfg: &crate::config::ExperimentConfig, steps: usize, device: &Device) -> Vec<f64> {
-    use crate::model::{Model, masked_cross_entropy};
+    use crate::model::{Model, masked_mean_cross_entropy};
     use burn::optim::GradientsParams;
     let ad = device.clone().autodiff();
     let mut model = Model::new(cfg, &ad);
@@ -627,9 +627,9 @@ fn loss_curve(cfg: &crate::config::ExperimentConfig, steps: usize, device: &Devi
             let inputs = tokens.clone().narrow(1, 0, t);
             let targets = tokens.narrow(1, 1, t);
             let logits = model.forward(inputs, form, false).logits;
-            let (loss, _) = masked_cross_entropy(logits, targets);
-            let value = loss.clone().into_scalar::<f64>();
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            let loss = masked_mean_cross_entropy(logits, targets);
+            let grads = GradientsParams::from_grads(loss.clone().backward(), &model);
+            let value = loss.into_scalar::<f64>();
             model = optim.step(1e-3, model.clone(), grads);
             value
         })
@@ -689,7 +689,7 @@ fn op_path(step: &mut impl FnMut(), device: &Device) -> String {
 /// and optionally a kernel-by-kernel profile.
 pub fn bench_train(cfg: &TrainBench, device: &Device) -> Result<String> {
     use crate::config::Arch;
-    use crate::model::{Model, masked_cross_entropy};
+    use crate::model::{Model, masked_mean_cross_entropy};
     use burn::optim::GradientsParams;
     let vocab = 50257;
     let (d_model, layers, seq_len, batch) = (cfg.d_model, cfg.layers, cfg.seq_len, cfg.batch);
@@ -730,7 +730,7 @@ pub fn bench_train(cfg: &TrainBench, device: &Device) -> Result<String> {
         let targets = tokens.narrow(1, 1, seq_len);
         let mut step = || {
             let logits = model.forward(inputs.clone(), form, false).logits;
-            let (loss, _) = masked_cross_entropy(logits, targets.clone());
+            let loss = masked_mean_cross_entropy(logits, targets.clone());
             let grads = GradientsParams::from_grads(loss.backward(), &model);
             model = optim.step(1e-4, model.clone(), grads);
         };

@@ -1,7 +1,7 @@
 //! The networks a run can train, behind one type, and the masked next-token loss.
 
 use burn::prelude::*;
-use loglinear::nn::{LogLinearLm, SyntheticLm, TransformerLm, cross_entropy_rows};
+use loglinear::nn::{LogLinearLm, SyntheticLm, TransformerLm, cross_entropy_tokens};
 
 use crate::config::{ExperimentConfig, Network};
 use crate::tasks::IGNORE;
@@ -68,21 +68,32 @@ impl Model {
     }
 }
 
-/// Mean cross-entropy over the positions whose target is not [`IGNORE`], and their count.
+/// Mean cross-entropy over the positions whose target is not [`IGNORE`], and their count (read
+/// back from the device: evaluation wants it; training calls [`masked_mean_cross_entropy`],
+/// which waits for nothing).
 /// Targets are already aligned with the logits (position `p` predicts `targets[p]`): no shift
 /// happens here.
 ///
 /// # Shapes
 /// `logits: [B, T, V]`, `targets: [B, T]` → scalar `[1]`.
 pub fn masked_cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> (Tensor<1>, usize) {
-    let [b, t, v] = logits.dims();
-    let targets = targets.reshape([b * t]);
-    let scored = targets.clone().not_equal_elem(IGNORE); // [B·T]
-    let count = scored.clone().int().sum().into_scalar::<i64>().max(0) as usize;
+    let count = targets.clone().not_equal_elem(IGNORE).int().sum();
+    let count = count.into_scalar::<i64>().max(0) as usize;
+    (masked_mean_cross_entropy(logits, targets), count)
+}
+
+/// [`masked_cross_entropy`]'s loss alone, with no read back to the host: a read in the middle of
+/// a training step would leave the GPU idle while the host queues the backward.
+///
+/// # Shapes
+/// `logits: [B, T, V]`, `targets: [B, T]` → scalar `[1]`.
+pub fn masked_mean_cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
+    let scored = targets.clone().not_equal_elem(IGNORE); // [B, T]
     let safe = targets.mask_fill(scored.clone().bool_not(), 0);
-    // −log p(target) per position: fused kernels on GPUs, tensor ops on the CPU.
-    let nll = cross_entropy_rows(logits.reshape([b * t, v]), safe); // [B·T], the logits' float dtype
+    // −log p(target) per position (f32): fused kernels on GPUs, which read the logits where they
+    // lie (a reshape of pitched rows would copy them), tensor ops on the CPU.
+    let nll = cross_entropy_tokens(logits, safe); // [B, T]
     let weight = scored.float().cast(nll.dtype());
-    let loss = (nll * weight).sum() / (count.max(1) as f64);
-    (loss, count)
+    let count = weight.clone().sum().clamp_min(1.0);
+    (nll * weight).sum() / count
 }

@@ -442,13 +442,15 @@ impl ModuleMapper for Mapper<'_> {
     }
 }
 
-/// The global gradient norm of each replica of a pack: `grads` of `model`, whose parameters
-/// carry a leading axis of `replicas` (the norm `train::clip_global_norm` computes for one run).
-pub fn replica_grad_norms<M: Module>(
+/// The squared global gradient norm of each replica of a pack, `[replicas]` on the device (not
+/// read back: the caller reads it with the losses): `grads` of `model`, whose parameters carry a
+/// leading axis of `replicas` (the square of the norm `train::clip_global_norm` computes for
+/// one run).
+pub fn replica_grad_squares<M: Module>(
     model: &M,
     grads: &GradientsParams,
     replicas: usize,
-) -> Vec<f64> {
+) -> Tensor<1> {
     struct Squares<'a> {
         grads: &'a GradientsParams,
         rows: Vec<Tensor<2>>,
@@ -469,18 +471,13 @@ pub fn replica_grad_norms<M: Module>(
         replicas,
     };
     model.visit(&mut squares);
-    if squares.rows.is_empty() {
-        return vec![0.0; replicas];
+    match first_device(model) {
+        Some(_) if !squares.rows.is_empty() => Tensor::cat(squares.rows, 1)
+            .sum_dim(1)
+            .reshape([replicas]),
+        Some(device) => Tensor::zeros([replicas], &device),
+        None => Tensor::zeros([replicas], &Device::default()),
     }
-    Tensor::cat(squares.rows, 1)
-        .sum_dim(1)
-        .into_data()
-        .convert::<f64>()
-        .try_to_vec::<f64>()
-        .expect("squared norms")
-        .into_iter()
-        .map(f64::sqrt)
-        .collect()
 }
 
 #[cfg(test)]

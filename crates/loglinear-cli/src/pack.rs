@@ -290,12 +290,20 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
         //    parameter, so each gets the gradient of its own loss).
         let logits = packed.run(inputs, form);
         let losses = replica_cross_entropy(logits, targets, &scored);
-        let loss_values: Vec<f64> = losses
-            .clone()
-            .into_data()
-            .convert::<f64>()
-            .try_to_vec::<f64>()
-            .expect("losses");
+        let grads = GradientsParams::from_grads(losses.clone().sum().backward(), &packed);
+        // 3) One read back per step, once the backward is queued: the losses (the NaN guard)
+        //    and each replica's gradient norm (clipping). A read before the backward would leave
+        //    the GPU idle while the host queues it.
+        //    (Both reads wait for the same queue: the second costs no second wait.)
+        let squares = crate::optim::replica_grad_squares(&packed, &grads, n);
+        let host = |t: Tensor<1>| -> Vec<f64> {
+            t.into_data()
+                .convert::<f64>()
+                .try_to_vec::<f64>()
+                .expect("values per replica")
+        };
+        let loss_values = host(losses);
+        let norms: Vec<f64> = host(squares).into_iter().map(f64::sqrt).collect();
         for (i, r) in replicas.iter_mut().enumerate() {
             if r.active && !loss_values[i].is_finite() {
                 r.active = false;
@@ -316,10 +324,9 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
                 );
             }
         }
+        // Per-replica global-norm clipping, then the step of every active replica (one whose
+        // loss just turned non-finite takes none).
         let active: Vec<bool> = replicas.iter().map(|r| r.active).collect();
-        let grads = GradientsParams::from_grads(losses.sum().backward(), &packed);
-        // 3) Per-replica global-norm clipping, then the step of every active replica.
-        let norms = crate::optim::replica_grad_norms(&packed, &grads, n);
         let grad_scale: Vec<f64> = replicas
             .iter()
             .zip(&norms)

@@ -21,7 +21,7 @@ use serde_json::json;
 use crate::checkpoint::{self, TrainState};
 use crate::config::{ExperimentConfig, Schedule, TrainConfig};
 use crate::data::LmData;
-use crate::model::{Model, masked_cross_entropy};
+use crate::model::{Model, masked_cross_entropy, masked_mean_cross_entropy};
 use crate::optim::Adam;
 use crate::tasks::{Example, TaskConfig, batch, masked_accuracy};
 
@@ -479,8 +479,11 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
         let lr = lr_at(t, step);
         let (inputs, targets) = data.train_batch(cfg, step, &device)?;
         let logits = model.forward(inputs, form, false).logits;
-        let (loss, _) = masked_cross_entropy(logits, targets);
-        let loss_value = loss.clone().into_scalar::<f64>();
+        let loss = masked_mean_cross_entropy(logits, targets);
+        // The backward is queued before the loss is read: a read first would leave the GPU
+        // idle while the host queues it. Nothing is updated before the check below.
+        let mut grads = GradientsParams::from_grads(loss.clone().backward(), &model);
+        let loss_value = loss.into_scalar::<f64>();
         if !loss_value.is_finite() {
             bar.abandon();
             bail!(
@@ -492,7 +495,6 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
                 checkpoint::checkpoint_root(out).display()
             );
         }
-        let mut grads = GradientsParams::from_grads(loss.backward(), &model);
         let grad_norm = clip_global_norm(&model, &mut grads, t.grad_clip);
         model = optim.step(lr, model, grads);
         state.step += 1;

@@ -352,6 +352,36 @@ fn cross_entropy_kernels_match_the_definition() {
              (tolerance {tol:.0e})"
         );
     }
+    // Per token of `[B, T, V]` logits whose rows are pitched (a narrowed view of wider rows, as
+    // the head's product leaves them on CUDA): read in place, same values and gradient.
+    use loglinear::nn::loss::cross_entropy_tokens;
+    let (b, t, vocab) = (3, 5, 301);
+    device.seed(seed.wrapping_add(7));
+    let wide = Tensor::<3>::random([b, t, vocab + 11], Distribution::Normal(0.0, 3.0), &device)
+        .detach()
+        .require_grad();
+    let targets = Tensor::<2, Int>::random([b, t], Distribution::Uniform(0.0, vocab as f64), &device);
+    let weights = Tensor::<2>::random([b, t], Distribution::Normal(0.0, 1.0), &device).detach();
+    let host = |t: Tensor<2>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+    let host3 = |t: Tensor<3>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+    let nll = cross_entropy_tokens(wide.clone().narrow(2, 0, vocab), targets.clone());
+    let grads = (nll.clone() * weights.clone()).sum().backward();
+    let dx = wide.grad(&grads).expect("a gradient for the logits");
+    let flat = wide.clone().narrow(2, 0, vocab).reshape([b * t, vocab]);
+    let want = reference_cross_entropy_rows(flat, targets.reshape([b * t])).reshape([b, t]);
+    let want_grads = (want.clone() * weights).sum().backward();
+    let want_dx = wide.grad(&want_grads).expect("a gradient for the logits");
+    let (got, want) = (host(nll.detach()), host(want.detach()));
+    let scale = want.iter().fold(1e-12f64, |m, v| m.max(v.abs()));
+    let e_nll = got.iter().zip(&want).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / scale;
+    let (got_dx, want_dx) = (host3(dx), host3(want_dx));
+    let scale = want_dx.iter().fold(1e-12f64, |m, v| m.max(v.abs()));
+    let e_dx = got_dx.iter().zip(&want_dx).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / scale;
+    assert!(
+        e_nll <= 1e-5 && e_dx <= 1e-5,
+        "pitched [{b}, {t}, {vocab}] logits, seed {seed}: nll {e_nll:.1e}, dlogits {e_dx:.1e} \
+         (tolerance 1e-5)"
+    );
 }
 
 /// Row-major `[batch, m, k] · [batch, k, n]` in f64, with `a` or `b` broadcast where its batch
@@ -505,11 +535,19 @@ fn matrix_products_and_their_gradients_match_f64() {
     // `linear` over leading axes (2 × 5 rows of 24), with the weight stored as is and as a
     // transposed view (the tied LM head reads the embedding table transposed), against f64 on
     // the host: y = x·W, and for Σ y ⊙ G, dx = G·Wᵀ and dW = xᵀ·G (a weight shared by the batch).
-    let (rows, d_in, d_out) = (10, 24, 40);
-    for transposed in [false, true] {
-        device.seed(seed.wrapping_add(transposed as u64 + 1));
+    // The input also as pitched rows (a narrowed view of wider rows, as the allocator pitches
+    // rows of odd length on CUDA): the weight's gradient reads them in place
+    // (`gemm_batch_sum`). An odd d_out gives pitched outputs and gradients on CUDA.
+    let (rows, d_in, d_out) = (10, 24, 41);
+    for (transposed, pitched) in [(false, false), (true, false), (false, true)] {
+        device.seed(seed.wrapping_add(transposed as u64 + 2 * pitched as u64 + 1));
         let normal = Distribution::Normal(0.0, 1.0);
-        let x = Tensor::<3>::random([2, 5, d_in], normal, &device).detach();
+        let x = if pitched {
+            Tensor::<3>::random([2, 5, d_in + 7], normal, &device).narrow(2, 0, d_in)
+        } else {
+            Tensor::<3>::random([2, 5, d_in], normal, &device)
+        }
+        .detach();
         let w = if transposed {
             Tensor::<2>::random([d_out, d_in], normal, &device).transpose()
         } else {
@@ -559,8 +597,8 @@ fn matrix_products_and_their_gradients_match_f64() {
                 / scale;
             assert!(
                 got.len() == want.len() && err <= 1e-5,
-                "linear {name} (weight transposed: {transposed}), seed {seed}: max error {err:.1e} \
-                 of the largest entry (tolerance 1e-5)"
+                "linear {name} (weight transposed: {transposed}, input pitched: {pitched}), seed \
+                 {seed}: max error {err:.1e} of the largest entry (tolerance 1e-5)"
             );
         }
     }

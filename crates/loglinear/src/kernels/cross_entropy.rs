@@ -8,11 +8,18 @@
 //!
 //! Rows: `CUBE_POS_Y · CUBE_COUNT_X + CUBE_POS_X` (a 2-D grid, since some runtimes cap one
 //! grid axis at 65,535); [`CE_THREADS`] units stride over the vocabulary.
+//!
+//! Rows may be pitched (a row stride above `V`, unit column stride): the logits come straight
+//! from the head's product, whose rows CubeCL's CUDA allocator pads to an aligned pitch when `V`
+//! is odd (50,257), and the gradient is written with such a pitch too. Making them contiguous
+//! would copy the `[rows, V]` logits twice a step (≈ 3 ms each at the LM's size), and a GEMM
+//! reading rows of odd length cannot use its fast tensor-core kernels (the head's three
+//! products ran at 86–148 TFLOP/s with 50,257-element rows, bench/RESULTS.md session 9).
 
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, empty_device_dtype};
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
@@ -24,8 +31,8 @@ const _: () = assert!(CE_THREADS == 256);
 
 /// Per row: `lse = max x + ln Σ e^{x − max x}` and `nll = lse − x[target]` (f32).
 ///
-/// Shapes: `logits: [rows, vocab]` (dtype `E`, contiguous), `targets: [rows]` (integers in
-/// `0..vocab`), `nll, lse: [rows]` (f32).
+/// Shapes: `logits: [rows, vocab]` (dtype `E`, row `r` at `r · pitch`, unit column stride),
+/// `targets: [rows]` (integers in `0..vocab`), `nll, lse: [rows]` (f32).
 #[cube(launch)]
 pub fn ce_forward_kernel<E: Float, I: Int>(
     logits: &Tensor<E>,
@@ -34,6 +41,7 @@ pub fn ce_forward_kernel<E: Float, I: Int>(
     lse: &mut Tensor<f32>,
     rows: usize,
     vocab: usize,
+    pitch: usize,
     #[define(E, I)] _dtypes: [ElemType; 2],
 ) {
     let row = CUBE_POS_Y as usize * CUBE_COUNT_X as usize + CUBE_POS_X as usize;
@@ -41,7 +49,7 @@ pub fn ce_forward_kernel<E: Float, I: Int>(
         terminate!();
     }
     let u = UNIT_POS_X as usize;
-    let base = row * vocab;
+    let base = row * pitch;
     // Online softmax: the running maximum m and Σ e^{x−m} of this unit's columns.
     let mut m = f32::min_value();
     let mut s = 0.0f32;
@@ -82,8 +90,8 @@ pub fn ce_forward_kernel<E: Float, I: Int>(
 
 /// Per row: `dlogits[v] = (e^{x[v] − lse} − [v = target]) · grad` in the logits' dtype.
 ///
-/// Shapes: `logits, dlogits: [rows, vocab]` (dtype `E`, contiguous), `targets: [rows]`,
-/// `lse, grad: [rows]` (f32).
+/// Shapes: `logits, dlogits: [rows, vocab]` (dtype `E`, rows at `r · pitch` and `r · d_pitch`,
+/// unit column strides), `targets: [rows]`, `lse, grad: [rows]` (f32).
 #[cube(launch)]
 pub fn ce_backward_kernel<E: Float, I: Int>(
     logits: &Tensor<E>,
@@ -93,6 +101,8 @@ pub fn ce_backward_kernel<E: Float, I: Int>(
     dlogits: &mut Tensor<E>,
     rows: usize,
     vocab: usize,
+    pitch: usize,
+    d_pitch: usize,
     #[define(E, I)] _dtypes: [ElemType; 2],
 ) {
     let row = CUBE_POS_Y as usize * CUBE_COUNT_X as usize + CUBE_POS_X as usize;
@@ -100,7 +110,7 @@ pub fn ce_backward_kernel<E: Float, I: Int>(
         terminate!();
     }
     let u = UNIT_POS_X as usize;
-    let base = row * vocab;
+    let (base, d_base) = (row * pitch, row * d_pitch);
     let l = lse[row];
     let g = grad[row];
     let t = usize::cast_from(targets[row]);
@@ -110,7 +120,7 @@ pub fn ce_backward_kernel<E: Float, I: Int>(
         if i == t {
             d -= g;
         }
-        dlogits[base + i] = E::cast_from(d);
+        dlogits[d_base + i] = E::cast_from(d);
         i += CE_THREADS;
     }
 }
@@ -124,16 +134,55 @@ fn row_grid(rows: usize) -> CubeCount {
     CubeCount::Static(x as u32, rows.div_ceil(x) as u32, 1)
 }
 
-/// Softmax cross-entropy per row: `(nll, lse)`, f32 `[rows]` each, from `logits: [rows, V]` and
-/// integer `targets: [rows]` in `0..V` (see `cross_entropy.rs`).
+/// `[rows, V]` of `shape = [..., V]`: the leading axes are the rows.
+fn rows_and_vocab(shape: &Shape) -> (usize, usize) {
+    let dims = shape.as_slice();
+    let vocab = *dims.last().expect("cross-entropy: logits of rank ≥ 1");
+    (dims[..dims.len() - 1].iter().product(), vocab)
+}
+
+/// The row pitch of a tensor `[..., V]` whose rows (all leading axes together) follow each other
+/// at one stride with unit column stride — contiguous, or pitched by the allocator — or `None`.
+fn row_pitch(t: &CubeTensor) -> Option<usize> {
+    let shape = t.meta.shape().as_slice();
+    let s = t.meta.strides();
+    let rank = shape.len();
+    let (rows, vocab) = rows_and_vocab(t.meta.shape());
+    if t.meta.tiling != Default::default() || rank < 2 || (s[rank - 1] != 1 && vocab > 1) {
+        return None;
+    }
+    if rows <= 1 {
+        return Some(vocab);
+    }
+    let pitch = s[rank - 2];
+    // Each leading axis steps over the whole of the axes after it (unit axes step anywhere).
+    let uniform = (0..rank - 2).all(|i| shape[i] == 1 || s[i] == shape[i + 1] * s[i + 1]);
+    (uniform && pitch >= vocab).then_some(pitch)
+}
+
+/// `t` as rows at one pitch (see [`row_pitch`]) and that pitch; a contiguous copy for any other
+/// layout.
+fn rows_of(t: CubeTensor) -> (CubeTensor, usize) {
+    match row_pitch(&t) {
+        Some(pitch) => (t, pitch),
+        None => {
+            let vocab = rows_and_vocab(t.meta.shape()).1;
+            (into_contiguous(t), vocab)
+        }
+    }
+}
+
+/// Softmax cross-entropy per row: `(nll, lse)`, f32 `[...]` each, from `logits: [..., V]` (rows
+/// pitched or not) and integer `targets: [...]` in `0..V` (see `cross_entropy.rs`).
 pub fn cross_entropy(logits: CubeTensor, targets: CubeTensor) -> (CubeTensor, CubeTensor) {
-    let [rows, vocab] = logits.meta.shape().dims::<2>();
+    let (rows, vocab) = rows_and_vocab(logits.meta.shape());
+    let (logits, pitch) = rows_of(logits);
     let (client, device) = (logits.client.clone(), logits.device.clone());
     let column = || {
         empty_device_contiguous_dtype(
             client.clone(),
             device.clone(),
-            Shape::new([rows]),
+            targets.meta.shape().clone(),
             DType::F32,
         )
     };
@@ -147,42 +196,49 @@ pub fn cross_entropy(logits: CubeTensor, targets: CubeTensor) -> (CubeTensor, Cu
             &client,
             row_grid(rows),
             CubeDim::new_1d(CE_THREADS as u32),
-            into_contiguous(logits).into_tensor_arg(),
+            logits.into_tensor_arg(),
             into_contiguous(targets).into_tensor_arg(),
             nll.clone().into_tensor_arg(),
             lse.clone().into_tensor_arg(),
             rows,
             vocab,
+            pitch,
             dtypes,
         );
     }
     (nll, lse)
 }
 
-/// The gradient of [`cross_entropy`]'s `nll` with respect to the logits, `[rows, V]` in their
-/// dtype, for an output gradient `grad: [rows]` (f32) and the forward's `lse`.
+/// The gradient of [`cross_entropy`]'s `nll` with respect to the logits, `[..., V]` in their
+/// dtype, for an output gradient `grad: [...]` (f32) and the forward's `lse`. Its rows have the
+/// pitch the device's allocator gives them (on CUDA aligned, so the head's products read them
+/// on tensor cores).
 pub fn cross_entropy_backward(
     logits: CubeTensor,
     targets: CubeTensor,
     lse: CubeTensor,
     grad: CubeTensor,
 ) -> CubeTensor {
-    let [rows, vocab] = logits.meta.shape().dims::<2>();
+    let (rows, vocab) = rows_and_vocab(logits.meta.shape());
+    let shape = logits.meta.shape().clone();
     let (client, device, dtype) = (logits.client.clone(), logits.device.clone(), logits.dtype);
-    let out =
-        empty_device_contiguous_dtype(client.clone(), device, Shape::new([rows, vocab]), dtype);
+    let (logits, pitch) = rows_of(logits);
+    let out = empty_device_dtype(client.clone(), device, shape, dtype);
+    let d_pitch = row_pitch(&out).expect("a new tensor's rows follow at one pitch");
     if rows > 0 {
         ce_backward_kernel::launch(
             &client,
             row_grid(rows),
             CubeDim::new_1d(CE_THREADS as u32),
-            into_contiguous(logits).into_tensor_arg(),
+            logits.into_tensor_arg(),
             into_contiguous(targets.clone()).into_tensor_arg(),
             into_contiguous(lse).into_tensor_arg(),
             into_contiguous(grad).into_tensor_arg(),
             out.clone().into_tensor_arg(),
             rows,
             vocab,
+            pitch,
+            d_pitch,
             [
                 dtype_to_storage_type(dtype),
                 dtype_to_storage_type(targets.dtype),

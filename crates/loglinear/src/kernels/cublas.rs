@@ -23,7 +23,7 @@ use std::sync::{Mutex, OnceLock};
 use burn::tensor::DType;
 use burn_cubecl::CubeDevice;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl_runtime::runtime::Runtime;
 use cudarc::cublas::sys::{
@@ -132,14 +132,23 @@ pub(crate) fn gemm(a: CubeTensor, b: CubeTensor) -> Result<CubeTensor, (CubeTens
     }
     let (client, device) = (a.client.clone(), a.device.clone());
     let (a, b) = (Operand::new(a), Operand::new(b));
-    let c = empty_device_contiguous_dtype(client.clone(), device, shape, a.tensor.dtype);
+    // The device's own layout for a new tensor: on CUDA, rows of a length whose bytes are not a
+    // multiple of the alignment are pitched (padded) — the LM head's 50,257 logits per row. A
+    // product writing rows of odd length, or reading them in the backward, runs 4–8× slower on
+    // tensor cores than one with aligned rows (bench/RESULTS.md, session 9).
+    let c = empty_device_dtype(client.clone(), device, shape, a.tensor.dtype);
+    let (ldc, c_batch_stride) = {
+        let s = c.meta.strides();
+        (s[1].max(n) as i64, s[0] as i64)
+    };
     // A weight shared by the batch (b's batch stride 0) times a row-major `a` whose batches
     // follow each other row after row is one product over all the batch's rows: one large GEMM
-    // instead of `batch` small ones (`c` is contiguous, so its rows follow likewise).
+    // instead of `batch` small ones (`c`'s rows follow each other at one pitch likewise).
     let flat = batch > 1
         && b.batch_stride == 0
         && a.op == cublasOperation_t::CUBLAS_OP_N
         && a.batch_stride == m as i64 * a.ld
+        && c_batch_stride == m as i64 * ldc
         && fits(batch * m);
     let (batch, m) = if flat { (1, batch * m) } else { (batch, m) };
     let resource = |t: &CubeTensor| {
@@ -209,8 +218,8 @@ pub(crate) fn gemm(a: CubeTensor, b: CubeTensor) -> Result<CubeTensor, (CubeTens
                     (&beta as *const f32).cast::<c_void>(),
                     rc.resource().ptr as *mut c_void,
                     data_type,
-                    n as i32,
-                    (m * n) as i64,
+                    ldc as i32,
+                    c_batch_stride,
                     batch as i32,
                     cublasComputeType_t::CUBLAS_COMPUTE_32F,
                     cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,

@@ -24,6 +24,7 @@ use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use burn_cubecl::CubeBackend;
+use burn_cubecl::tensor::CubeTensor;
 
 use super::Cb;
 
@@ -39,6 +40,18 @@ pub(crate) fn gemm_shape(a: &Shape, b: &Shape) -> Shape {
     Shape::new([ba.max(bb), m, n])
 }
 
+/// `[1, K, N]` of `Σ_z a_zᵀ · c_z` for `a: [batch, M, K]`, `c: [batch, M, N]`.
+pub(crate) fn batch_sum_shape(a: &Shape, c: &Shape) -> Shape {
+    let ([ba, m, k], [bc, m2, n]) = (a.dims::<3>(), c.dims::<3>());
+    assert!(
+        ba == bc && m == m2,
+        "gemm_batch_sum: shapes {:?}, {:?} (expected [batch, M, K] and [batch, M, N])",
+        a.as_slice(),
+        c.as_slice()
+    );
+    Shape::new([1, k, n])
+}
+
 /// Batched matrix products. Implemented for CubeCL backends and for autodiff over them.
 #[backend_extension(Cube, Fusion: cfg(feature = "fusion"), Autodiff)]
 pub trait GemmKernels: Backend {
@@ -47,6 +60,13 @@ pub trait GemmKernels: Backend {
     /// may be transposed views (`swap_dims(1, 2)`): no copy is made for them.
     #[fusion(dtype = a, shape = gemm_shape(a, b))]
     fn gemm(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// `Σ_z a_zᵀ · c_z`, `[1, K, N]`, for `a: [batch, M, K]`, `c: [batch, M, N]`: the gradient of
+    /// a weight shared by a batch, as one product over all `batch · M` rows. Rows that follow
+    /// each other at one pitch (contiguous, or pitched by the allocator) are read where they lie:
+    /// a reshape to `[1, batch · M, ·]` would copy pitched rows. Not differentiable.
+    #[fusion(dtype = a, shape = batch_sum_shape(a, c))]
+    fn gemm_batch_sum(a: FloatTensor<Self>, c: FloatTensor<Self>) -> FloatTensor<Self>;
 }
 
 impl GemmKernels for CubeBackend {
@@ -58,6 +78,32 @@ impl GemmKernels for CubeBackend {
             Err(operands) => operands,
         };
         Cb::float_matmul(a, b)
+    }
+
+    fn gemm_batch_sum(a: FloatTensor<Self>, c: FloatTensor<Self>) -> FloatTensor<Self> {
+        let _ = batch_sum_shape(a.meta.shape(), c.meta.shape());
+        let (a, c) = (all_rows(a), all_rows(c));
+        Self::gemm(Cb::float_swap_dims(a, 1, 2), c)
+    }
+}
+
+/// `t: [batch, M, C]` as `[1, batch · M, C]`: a view where its rows follow each other at one
+/// pitch with unit column stride (`batch` strides of `M` pitches), a contiguous copy otherwise.
+fn all_rows(t: CubeTensor) -> CubeTensor {
+    let [batch, m, cols] = t.meta.shape().dims::<3>();
+    let s = t.meta.strides();
+    let (s0, s1, s2) = (s[0], s[1], s[2]);
+    let untiled = t.meta.tiling == Default::default();
+    let rows_at_one_pitch =
+        untiled && (s2 == 1 || cols == 1) && s1 >= cols && (batch == 1 || s0 == m * s1);
+    let shape = Shape::new([1, batch * m, cols]);
+    if rows_at_one_pitch {
+        let mut t = t;
+        let strides = cubecl::zspace::Strides::new(&[batch * m * s1, s1, 1]);
+        *t.meta = cubecl::zspace::metadata::Metadata::new(shape, strides);
+        t
+    } else {
+        Cb::float_reshape(burn_cubecl::kernel::into_contiguous(t), shape)
     }
 }
 
@@ -98,12 +144,7 @@ impl<B: Backend + GemmKernels, C: CheckpointStrategy> GemmKernels for Autodiff<B
                     let db = if batch_b == 1 && batch_a > 1 {
                         // A weight shared by the batch: Σ_z A_zᵀ dC_z is one product over all
                         // rows of the batch (no per-batch products to sum afterwards).
-                        let [_, m, k] = a.shape().dims::<3>();
-                        let n = grad.shape()[2];
-                        let rows = |t: FloatTensor<B>, cols| {
-                            B::float_reshape(t, Shape::new([1, batch_a * m, cols]))
-                        };
-                        B::gemm(B::float_swap_dims(rows(a, k), 1, 2), rows(grad, n))
+                        B::gemm_batch_sum(a, grad)
                     } else {
                         // Here b's batch is the result's (or both are 1): nothing to sum.
                         B::gemm(B::float_swap_dims(a, 1, 2), grad)
@@ -127,6 +168,14 @@ impl<B: Backend + GemmKernels, C: CheckpointStrategy> GemmKernels for Autodiff<B
             }
             OpsKind::UnTracked(prep) => prep.finish(c),
         }
+    }
+
+    fn gemm_batch_sum(a: FloatTensor<Self>, c: FloatTensor<Self>) -> FloatTensor<Self> {
+        // Not itself differentiable (it serves backward passes): a constant.
+        <Self as burn::backend::AutodiffBackend>::from_inner(B::gemm_batch_sum(
+            a.into_primitive(),
+            c.into_primitive(),
+        ))
     }
 }
 

@@ -36,8 +36,8 @@ pub(crate) fn cast(t: FloatTensor<Cb>, dtype: DType) -> FloatTensor<Cb> {
 /// ([`cross_entropy`]): the entry point is [`softmax_cross_entropy`].
 #[backend_extension(Cube, Fusion: cfg(feature = "fusion"), Autodiff)]
 pub trait CrossEntropyKernels: Backend {
-    /// `(nll, lse)`, f32 `[rows]` each, from `logits: [rows, V]` (any float dtype) and
-    /// `targets: [rows]` (integers in `0..V`). Only `nll` is differentiable.
+    /// `(nll, lse)`, f32 `[...]` each, from `logits: [..., V]` (any float dtype; rows may be
+    /// pitched) and `targets: [...]` (integers in `0..V`). Only `nll` is differentiable.
     #[allow(clippy::type_complexity)]
     #[fusion(meta = |_logits, targets| (
         burn::backend::fusion::custom::TensorSpec::new(targets.shape.clone(), DType::F32),
@@ -48,7 +48,7 @@ pub trait CrossEntropyKernels: Backend {
         targets: IntTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
-    /// `dlogits: [rows, V]` in the dtype of `logits` for the gradient `grad: [rows]` of `nll`.
+    /// `dlogits: [..., V]` in the dtype of `logits` for the gradient `grad: [...]` of `nll`.
     #[fusion(dtype = logits, shape = logits)]
     fn cross_entropy_rows_backward(
         logits: FloatTensor<Self>,
@@ -132,11 +132,21 @@ impl<B: Backend + CrossEntropyKernels, C: CheckpointStrategy> CrossEntropyKernel
 }
 
 /// Per-row softmax cross-entropy `logsumexp(x) − x[target]` in f32 by the fused kernels on a
-/// CubeCL device (`None` elsewhere: the caller uses tensor ops).
+/// CubeCL device (`None` elsewhere: the caller uses tensor ops). The logits are read as they lie
+/// in memory: rows that the allocator pitched are not copied.
 ///
 /// # Shapes
-/// `logits: [rows, V]`, `targets: [rows]` (in `0..V`) → `[rows]`.
-pub fn softmax_cross_entropy(logits: &Tensor<2>, targets: &Tensor<1, Int>) -> Option<Tensor<1>> {
+/// `logits: [..., V]` (rank `D`), `targets: [...]` (rank `DT = D − 1`, in `0..V`) → `[...]`.
+pub fn softmax_cross_entropy<const D: usize, const DT: usize>(
+    logits: &Tensor<D>,
+    targets: &Tensor<DT, Int>,
+) -> Option<Tensor<DT>> {
+    assert!(
+        D == DT + 1 && logits.dims()[..DT] == targets.dims()[..],
+        "softmax_cross_entropy: logits {:?} for targets {:?} (expected [..., V] and [...])",
+        logits.dims(),
+        targets.dims()
+    );
     if !is_cube_device(&logits.device()) {
         return None;
     }

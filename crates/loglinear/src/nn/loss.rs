@@ -20,6 +20,22 @@ pub fn cross_entropy_rows(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<
     reference_cross_entropy_rows(logits, targets)
 }
 
+/// [`cross_entropy_rows`] for every token of a batch of sequences. On a CubeCL device the
+/// kernels read the logits where they lie: a `[B, T, V]` tensor whose rows the allocator pitched
+/// (V = 50,257 on CUDA) would be copied whole by a reshape to `[B·T, V]`.
+///
+/// # Shapes
+/// `logits: [B, T, V]`, `targets: [B, T]` → `[B, T]`.
+pub fn cross_entropy_tokens(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<2> {
+    #[cfg(feature = "kernels")]
+    if let Some(nll) = crate::kernels::softmax_cross_entropy(&logits, &targets) {
+        return nll;
+    }
+    let [b, t, v] = logits.dims();
+    reference_cross_entropy_rows(logits.reshape([b * t, v]), targets.reshape([b * t]))
+        .reshape([b, t])
+}
+
 /// [`cross_entropy_rows`] as tensor ops: `−log_softmax(x)[target]` (the definition, and the form
 /// on the CPU).
 pub fn reference_cross_entropy_rows(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {

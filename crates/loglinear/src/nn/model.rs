@@ -8,7 +8,7 @@ use burn::tensor::activation::silu;
 
 use super::check::{ConfigError, positive, std_dev, width_when_set};
 use super::gdn_mixer::{GdnConfig, LogLinearGatedDeltaNet};
-use super::init::{Dense, Init, Precision, RmsNorm, to_dtype, wide};
+use super::init::{Dense, Init, Precision, RmsNorm, to_dtype};
 use super::mixer::{LogLinearMamba2, MixerConfig, MixerKind, MixerOutput, MixerState};
 use crate::ops::Form;
 
@@ -247,7 +247,7 @@ impl ModelState {
 /// Output of a sequence forward.
 #[derive(Clone, Debug)]
 pub struct LmOutput {
-    /// `[B, T, V]`.
+    /// `[B, T, V]`, in the compute dtype (bf16 under mixed precision).
     pub logits: Tensor<3>,
     /// λ of every block, `[B, T, H, L]` each, when traced.
     pub lambda: Vec<Tensor<4>>,
@@ -361,7 +361,9 @@ impl LogLinearLm {
         to_dtype(super::init::embed(table, tokens), dtype)
     }
 
-    /// Logits in the accumulation dtype (f32 under mixed precision), for the loss.
+    /// Logits in the compute dtype (bf16 under mixed precision): the loss reads them as they are
+    /// and computes in f32. A cast to f32 would write and read the `[B, T, V]` logits twice more
+    /// per step, forward and backward, for the same values (bench/RESULTS.md, session 9).
     fn logits(&self, h: Tensor<3>) -> Tensor<3> {
         let h = self.norm.forward(h);
         let dtype = h.dtype();
@@ -369,6 +371,6 @@ impl LogLinearLm {
             Some(head) => head.forward(h),
             None => crate::linalg::linear(h, to_dtype(self.embedding.val(), dtype).transpose()),
         };
-        to_dtype(logits, wide(dtype))
+        logits
     }
 }

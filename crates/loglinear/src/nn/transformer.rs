@@ -15,7 +15,7 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 
 use super::check::{ConfigError, positive, std_dev, width_when_set};
-use super::init::{Dense, Init, LayerNorm, Precision, to_dtype, wide};
+use super::init::{Dense, Init, LayerNorm, Precision, to_dtype};
 
 /// Configuration of the GPT-2 baseline (field names follow `GPT2Config` where they map); the
 /// defaults are GPT-2's (1024 positions, MLP width 4·D, tied head, eps 1e-5, init std 0.02).
@@ -433,7 +433,9 @@ impl TransformerLm {
         self.logits(h)
     }
 
-    /// Logits in the accumulation dtype (f32 under mixed precision), for the loss.
+    /// Logits in the compute dtype (bf16 under mixed precision): the loss reads them as they are
+    /// and computes in f32. A cast to f32 would write and read the `[B, T, V]` logits twice more
+    /// per step, forward and backward, for the same values (bench/RESULTS.md, session 9).
     fn logits(&self, h: Tensor<3>) -> Tensor<3> {
         let h = self.norm.forward(h);
         let dtype = h.dtype();
@@ -443,6 +445,6 @@ impl TransformerLm {
                 crate::linalg::linear(h, to_dtype(self.token_embedding.val(), dtype).transpose())
             }
         };
-        to_dtype(logits, wide(dtype))
+        logits
     }
 }
