@@ -2,7 +2,7 @@
 # Runs on the GPU machine: scripts/gpu-run.sh STEP... where STEP is one of
 #   smoke | profile | profile-fwd | commands | kernels | op | op-check | train-fused | train-forms | commands-lm | op-long | op-chunked | train | train-short
 #   | train-long | train-32k | decode
-#   | mqar-timing | train-cold:LEVEL | train-modes:LEVEL:T:B | train-step:T:B | pack-alone | pack-grid:STEPS
+#   | mqar-timing | train-cold:LEVEL | train-modes:LEVEL:T:B | train-step:T:B | pack-alone | pack-grid:STEPS | grid:T[:STEPS]
 #   | sweep:CONFIG:JOBS[:SET,SET...] | lm-eval:NAME | op-gdn | gemm | cache-save | cold-compile | pack-profile
 # bin-gpu/loglinear.xz is built by scripts/build-gpu.sh and carried over; results go to $OUT.
 set -uo pipefail
@@ -233,6 +233,34 @@ pack-grid:*)
     /usr/bin/time -f "grid wall %e s" timeout $(left 540) $bin sweep /tmp/grid.toml --device cuda --out /tmp/grid \
         --set train.steps=$steps 2>&1 | grep -E "wall|error|pack|FAILED" | tee "$out/pack_grid.txt"
     (cd /tmp && tar czf "$out/grid.tgz" --exclude='*.safetensors' grid)
+    ;;
+grid:*)
+    # The published MQAR grid (T ∈ {256, 512} × 3 λ modes × K ∈ {4..32} × 3 seeds, 5,000 steps,
+    # no early stop) one sequence length per call: `grid:T[:STEPS]` trains the 36 runs of T as
+    # packs (λ linear / MLP), $JOBS (default 2) at a time. A call cut short resumes in the next:
+    # the runs' folders come back as grid-T-*.tar parts (checkpoints included, best models of
+    # K = 32 only) and, put in bin-gpu/ and carried, are restored before the sweep (finished
+    # runs are skipped, the others resume from their last checkpoint).
+    IFS=: read -r _ len steps <<< "$s"
+    steps=${steps:-5000}
+    sed '/early_stop_acc/d' experiments/mqar_paper_sweep.toml > /tmp/grid.toml
+    dir=/tmp/grid/T$len; mkdir -p /tmp/grid
+    shopt -s nullglob
+    parts=(bin-gpu/grid-$len-*.tar)
+    if (( ${#parts[@]} )); then
+        cat "${parts[@]}" | tar xf - -C /tmp/grid
+        echo "restored $(ls -d $dir/*/ | wc -l) runs of T = $len from ${#parts[@]} carried parts"
+    fi
+    step "the published MQAR grid at T = $len: 36 runs, $steps steps, packed, ${JOBS:-2} packs at a time"
+    /usr/bin/time -f "grid T=$len wall %e s" timeout $(left ${GRID_TIMEOUT:-540}) $bin sweep /tmp/grid.toml \
+        --device cuda --out "$dir" --jobs "${JOBS:-2}" --set train.steps=$steps --set task.seq_len=$len \
+        --set train.checkpoint_every=250 2>&1 | grep -v "holds no run yet" | cut -c1-220 \
+        | grep -vE "^\s*$" | tail -60 | tee "$out/grid_T$len.txt"
+    # Metrics of every run (small) and the state to resume from, in parts of ≤ 15 MiB.
+    (cd /tmp/grid && tar czf "$out/grid-T$len-metrics.tgz" --exclude='*.safetensors' --exclude='*.bpk' "T$len")
+    (cd /tmp/grid && find "T$len" -type f ! -path '*/best/*' -o -type f -path '*num_kv_pairs=32*/best/*' \
+        | tar cf - -T - | split -b 15m -d - "$out/grid-$len-" --additional-suffix=.tar)
+    ls -la "$out"/grid-$len-*.tar
     ;;
 cold-compile)
     # What a cold process spends before its first step: a small LM (D = 128, 2 layers,

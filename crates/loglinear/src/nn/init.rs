@@ -262,3 +262,38 @@ pub fn embed(table: Tensor<2>, tokens: Tensor<2, Int>) -> Tensor<3> {
     let rows = tokens.reshape([b * t, 1]).expand([b * t, d]);
     table.gather(0, rows).reshape([b, t, d])
 }
+
+/// Vocabularies are padded to a multiple of this many entries in the head's product.
+pub const VOCAB_PAD: usize = 64;
+
+/// The LM head: logits `[B, T, V]` of `h: [B, T, D]` against `weight`, stored `[V, D]` (a tied
+/// embedding table, `vocab_rows`) or `[D, V]` (an untied head), in `h`'s dtype.
+///
+/// The product runs over `V` rounded up to a multiple of [`VOCAB_PAD`] (zero rows or columns
+/// added; the logits are a view of the first `V` columns). With an odd vocabulary (GPT-2's
+/// 50,257) every row of the logits and of their gradient has an odd length, which keeps cuBLAS
+/// off its vectorised tensor-core kernels: the head's three products ran at 86–150 TFLOP/s on the
+/// H200 against ≈ 690 for the layers' (bench/RESULTS.md, session 9). The padding's columns are
+/// never read by the loss; the values of the first `V` are those of the unpadded product.
+pub fn vocab_logits(h: Tensor<3>, weight: Tensor<2>, vocab_rows: bool) -> Tensor<3> {
+    let dtype = h.dtype();
+    let weight = to_dtype(weight, dtype);
+    let [rows, cols] = weight.dims();
+    let vocab = if vocab_rows { rows } else { cols };
+    let padded = vocab.next_multiple_of(VOCAB_PAD);
+    let pad = |dims: [usize; 2], axis| {
+        let zeros = Tensor::<2>::zeros(dims, &weight.device()).cast(dtype);
+        Tensor::cat(vec![weight.clone(), zeros], axis)
+    };
+    let logits = match (vocab_rows, padded == vocab) {
+        (true, true) => crate::linalg::linear(h, weight.transpose()),
+        (false, true) => crate::linalg::linear(h, weight),
+        (true, false) => crate::linalg::linear(h, pad([padded - vocab, cols], 0).transpose()),
+        (false, false) => crate::linalg::linear(h, pad([rows, padded - vocab], 1)),
+    };
+    if padded == vocab {
+        logits
+    } else {
+        logits.narrow(2, 0, vocab)
+    }
+}

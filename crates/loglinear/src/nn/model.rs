@@ -366,11 +366,9 @@ impl LogLinearLm {
     /// per step, forward and backward, for the same values (bench/RESULTS.md, session 9).
     fn logits(&self, h: Tensor<3>) -> Tensor<3> {
         let h = self.norm.forward(h);
-        let dtype = h.dtype();
-        let logits = match &self.head {
-            Some(head) => head.forward(h),
-            None => crate::linalg::linear(h, to_dtype(self.embedding.val(), dtype).transpose()),
-        };
-        logits
+        match &self.head {
+            Some(head) => super::init::vocab_logits(h, head.weight.val(), false),
+            None => super::init::vocab_logits(h, self.embedding.val(), true),
+        }
     }
 }
