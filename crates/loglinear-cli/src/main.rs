@@ -268,6 +268,10 @@ struct SummarizeArgs {
     /// The value of --compare the others are compared against.
     #[arg(long, default_value = "linear")]
     baseline: String,
+    /// Swept keys to pool like seeds (comma-separated), e.g. `task.num_kv_pairs` for one
+    /// comparison over all K; written to summary_pooled_<keys>.md beside summary.md.
+    #[arg(long, value_delimiter = ',')]
+    pool: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -522,9 +526,15 @@ fn run_summarize(args: SummarizeArgs) -> Result<()> {
         by_steps: args.by_steps,
         compare: args.compare,
         baseline: args.baseline,
+        pool: args.pool,
     };
     let rows = sweep::summarise_with(&args.dir, &options)?;
-    print!("{}", std::fs::read_to_string(args.dir.join("summary.md"))?);
+    let written = if options.pool.is_empty() {
+        "summary.md".to_string()
+    } else {
+        sweep::pooled_summary_name(&options.pool)
+    };
+    print!("{}", std::fs::read_to_string(args.dir.join(written))?);
     println!(
         "\n{} settings summarised in {}",
         rows.len(),

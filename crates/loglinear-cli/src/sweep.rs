@@ -409,6 +409,18 @@ pub fn summarise(sweep_dir: &Path) -> Result<Vec<SummaryRow>> {
 /// evaluations (cut short by a time budget) are included from their metrics and marked as such.
 pub fn summarise_with(sweep_dir: &Path, options: &SummaryOptions) -> Result<Vec<SummaryRow>> {
     let index = read_index(sweep_dir)?;
+    for key in &options.pool {
+        if !index.keys.contains(key) || key == SEED_KEY || *key == options.compare {
+            anyhow::bail!(
+                "--pool {key}: expected a swept key other than `{SEED_KEY}` and the compared \
+                 `{}`; this sweep's keys: {}",
+                options.compare,
+                index.keys.join(", ")
+            );
+        }
+    }
+    // Runs that differ only in the seed — and in the pooled keys — are one setting.
+    let pooled = |k: &str| k == SEED_KEY || options.pool.iter().any(|p| p == k);
     let mut groups: BTreeMap<Setting, Vec<(String, RunInfo)>> = BTreeMap::new();
     for point in &index.points {
         let run_dir = sweep_dir.join(&point.dir);
@@ -438,11 +450,17 @@ pub fn summarise_with(sweep_dir: &Path, options: &SummaryOptions) -> Result<Vec<
         let setting: Vec<(String, String)> = point
             .values
             .iter()
-            .filter(|(k, _)| k.as_str() != SEED_KEY)
+            .filter(|(k, _)| !pooled(k))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let seed = point.values.get(SEED_KEY).cloned().unwrap_or_default();
-        groups.entry(setting).or_default().push((seed, info));
+        // The run's place within its setting: the pooled keys' values, then the seed.
+        let label: Vec<&str> = options
+            .pool
+            .iter()
+            .chain(std::iter::once(&SEED_KEY.to_string()))
+            .filter_map(|k| point.values.get(k).map(String::as_str))
+            .collect();
+        groups.entry(setting).or_default().push((label.join(","), info));
     }
     // Settings in natural order (K = 4, 8, 16, not 16, 4, 8).
     let mut groups: Vec<_> = groups.into_iter().collect();
@@ -492,19 +510,31 @@ pub fn summarise_with(sweep_dir: &Path, options: &SummaryOptions) -> Result<Vec<
             }
         })
         .collect();
-    let keys: Vec<String> = index
-        .keys
-        .iter()
-        .filter(|k| *k != SEED_KEY)
-        .cloned()
-        .collect();
-    fs::write(sweep_dir.join("summary.csv"), summary_csv(&rows, &keys))?;
+    let keys: Vec<String> = index.keys.iter().filter(|k| !pooled(k)).cloned().collect();
     let mut markdown = summary_markdown(&rows, &keys, &index);
+    if !options.pool.is_empty() {
+        // A pooled view is written beside the sweep's own summary, which it leaves alone.
+        let over = options.pool.join(", ");
+        markdown = markdown.replacen(
+            "over seeds (n = seeds finished)",
+            &format!("over seeds and the values of {over}, pooled (n = runs finished)"),
+            1,
+        );
+        markdown.push_str(&crate::compare::comparisons(&rows, options));
+        fs::write(sweep_dir.join(pooled_summary_name(&options.pool)), markdown)?;
+        return Ok(rows);
+    }
+    fs::write(sweep_dir.join("summary.csv"), summary_csv(&rows, &keys))?;
     markdown.push_str(&crate::compare::comparisons(&rows, options));
     fs::write(sweep_dir.join("summary.md"), markdown)?;
     plot_summary(sweep_dir, &rows, &keys)?;
     plot_all_curves(sweep_dir, &index)?;
     Ok(rows)
+}
+
+/// The file a summary pooled over `keys` is written to: `summary_pooled_<keys>.md`.
+pub fn pooled_summary_name(keys: &[String]) -> String {
+    format!("summary_pooled_{}.md", keys.join("+"))
 }
 
 /// How `summarize` compares the values of one swept key (by default the λ modes).
@@ -518,6 +548,9 @@ pub struct SummaryOptions {
     pub compare: String,
     /// The value the others are compared against (if the sweep has it; else the first value).
     pub baseline: String,
+    /// Swept keys whose values are pooled like seeds (e.g. `task.num_kv_pairs`: one comparison
+    /// over all K); the result goes to [`pooled_summary_name`], not `summary.md`.
+    pub pool: Vec<String>,
 }
 
 impl Default for SummaryOptions {
@@ -527,6 +560,7 @@ impl Default for SummaryOptions {
             by_steps: Vec::new(),
             compare: LAMBDA_KEY.into(),
             baseline: "linear".into(),
+            pool: Vec::new(),
         }
     }
 }

@@ -153,3 +153,70 @@ fn solved_counts_intervals_and_comparisons() {
         "{md}"
     );
 }
+
+/// `--pool task.num_kv_pairs`: runs of every K count as one setting per λ mode (4 runs each
+/// here), written to `summary_pooled_task.num_kv_pairs.md` while `summary.md` keeps its
+/// per-K rows; a key that is not swept (or the compared key) is refused by name.
+#[test]
+fn pooling_a_swept_key_compares_over_all_its_values() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut points = Vec::new();
+    // linear solves at K = 4 (both seeds); mlp_softplus at K = 4 and 8 (all four runs).
+    for (mode, k, seed, at) in [
+        ("linear", 4, 0, Some(1000)),
+        ("linear", 4, 1, Some(2000)),
+        ("linear", 8, 0, None),
+        ("linear", 8, 1, None),
+        ("mlp_softplus", 4, 0, Some(1000)),
+        ("mlp_softplus", 4, 1, Some(1000)),
+        ("mlp_softplus", 8, 0, Some(3000)),
+        ("mlp_softplus", 8, 1, Some(3000)),
+    ] {
+        let name = format!("lambda={mode},k={k},seed={seed}");
+        write_run(&dir.join(&name), &curve(at, 0.99, 5000), true);
+        points.push(SweepPoint {
+            dir: name,
+            values: BTreeMap::from([
+                ("model.lambda".to_string(), mode.to_string()),
+                ("task.num_kv_pairs".to_string(), k.to_string()),
+                ("seed".to_string(), seed.to_string()),
+            ]),
+        });
+    }
+    let index = SweepIndex {
+        keys: vec![
+            "model.lambda".into(),
+            "task.num_kv_pairs".into(),
+            "seed".into(),
+        ],
+        points,
+    };
+    fs::write(dir.join("sweep.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    let per_k = summarise_with(dir, &SummaryOptions::default()).unwrap();
+    assert_eq!(per_k.len(), 4, "two modes × two K");
+    let options = SummaryOptions {
+        pool: vec!["task.num_kv_pairs".into()],
+        ..SummaryOptions::default()
+    };
+    let pooled = summarise_with(dir, &options).unwrap();
+    assert_eq!(pooled.len(), 2, "one setting per mode");
+    assert!(pooled.iter().all(|r| r.n == 4));
+    let md = fs::read_to_string(dir.join("summary_pooled_task.num_kv_pairs.md")).unwrap();
+    assert!(md.contains("pooled (n = runs finished)"), "{md}");
+    // 2/4 against 4/4: Fisher p = 0.429.
+    assert!(md.contains("| all | linear | 4 | 2/4 |"), "{md}");
+    assert!(md.contains("| all | mlp_softplus | 4 | 4/4 |"), "{md}");
+    assert!(md.contains("| 0.429 |"), "{md}");
+    // The per-K summary is left as it was.
+    let main = fs::read_to_string(dir.join("summary.md")).unwrap();
+    assert!(main.contains("| num_kv_pairs = 8 | mlp_softplus | 2 | 2/2 |"), "{main}");
+    for bad in ["task.seq_len", "model.lambda", "seed"] {
+        let options = SummaryOptions {
+            pool: vec![bad.into()],
+            ..SummaryOptions::default()
+        };
+        let err = summarise_with(dir, &options).unwrap_err().to_string();
+        assert!(err.contains(&format!("--pool {bad}")) && err.contains("task.num_kv_pairs"), "{err}");
+    }
+}
