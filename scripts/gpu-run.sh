@@ -204,7 +204,7 @@ pack-alone)
     # A short run of each first fills the kernel cache (a cold process compiles for minutes);
     # the figures are the steady tokens/s of the metrics' last lines and the wall times.
     form=${FORM:-auto}
-    sed '/early_stop_acc/d' experiments/mqar_paper_sweep.toml > /tmp/grid.toml
+    sed 's/^early_stop_acc = .*/early_stop_acc = false/' experiments/mqar_paper_sweep.toml > /tmp/grid.toml
     sed 's/^"model.lambda" = .*/"model.lambda" = ["mlp_softplus", "mlp_softmax"]/' /tmp/grid.toml > /tmp/mlp.toml
     one=(--set task.seq_len=256 --set model.lambda=mlp_softplus --set task.num_kv_pairs=32 --set seed=0)
     # WARM=0 skips the short warm-up runs where the carried kernel cache already holds these shapes.
@@ -227,7 +227,7 @@ pack-alone)
 pack-grid:*)
     # The published MQAR grid (72 runs, T ∈ {256, 512}) as packs, STEPS steps, no early stop.
     steps=${s#pack-grid:}
-    sed '/early_stop_acc/d' experiments/mqar_paper_sweep.toml > /tmp/grid.toml
+    sed 's/^early_stop_acc = .*/early_stop_acc = false/' experiments/mqar_paper_sweep.toml > /tmp/grid.toml
     step "the published MQAR grid, 72 runs, $steps steps each, packed"
     rm -rf /tmp/grid
     /usr/bin/time -f "grid wall %e s" timeout $(left 540) $bin sweep /tmp/grid.toml --device cuda --out /tmp/grid \
@@ -243,7 +243,7 @@ grid:*)
     # runs are skipped, the others resume from their last checkpoint).
     IFS=: read -r _ len steps <<< "$s"
     steps=${steps:-5000}
-    sed '/early_stop_acc/d' experiments/mqar_paper_sweep.toml > /tmp/grid.toml
+    sed 's/^early_stop_acc = .*/early_stop_acc = false/' experiments/mqar_paper_sweep.toml > /tmp/grid.toml
     dir=/tmp/grid/T$len; mkdir -p /tmp/grid
     shopt -s nullglob
     parts=(bin-gpu/grid-$len-*.tar)
@@ -280,7 +280,7 @@ pack-profile)
     # Where a pack step's time goes: 24 MQAR runs (T = 256, both MLP λ modes × K × 3 seeds) as
     # one pack, kernel by kernel over pack steps 100..110 (host work of the step included).
     form=${FORM:-auto}
-    sed '/early_stop_acc/d' experiments/mqar_paper_sweep.toml |
+    sed 's/^early_stop_acc = .*/early_stop_acc = false/' experiments/mqar_paper_sweep.toml |
         sed 's/^"model.lambda" = .*/"model.lambda" = ["mlp_softplus", "mlp_softmax"]/' > /tmp/mlp.toml
     rm -rf /tmp/packprof
     step "profile of a pack of 24, T=256, form $form"

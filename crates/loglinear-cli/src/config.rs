@@ -298,7 +298,9 @@ pub struct EvalConfig {
     pub examples: usize,
     /// The held-out pool is generated from `seed + seed_offset`.
     pub seed_offset: u64,
-    /// Stop once held-out accuracy reaches this fraction (none: never).
+    /// Stop once held-out accuracy reaches this fraction; `false` in a config (`None`): never.
+    /// Leaving the key out keeps the default, 0.99 (TOML has no null).
+    #[serde(with = "early_stop")]
     pub early_stop_acc: Option<f64>,
     /// Stop after this many evaluations without a better held-out loss (none: never); the
     /// published LM runs used 10.
@@ -541,7 +543,7 @@ impl ExperimentConfig {
             (
                 e.early_stop_acc.is_none_or(|a| a > 0.0 && a <= 1.0),
                 format!(
-                    "eval.early_stop_acc is an accuracy in (0, 1] (leave the key out to never stop early), got {}",
+                    "eval.early_stop_acc is an accuracy in (0, 1] (or false to never stop early), got {}",
                     e.early_stop_acc.unwrap_or(f64::NAN)
                 ),
             ),
@@ -779,5 +781,53 @@ fn value_label(v: &toml::Value) -> String {
     match v {
         toml::Value::String(s) => s.clone(),
         other => other.to_string(),
+    }
+}
+
+/// `eval.early_stop_acc` in a config: an accuracy, or `false` for none (TOML has no null, and a
+/// key left out means the default). Written back the same way, so a run's `config.toml` reads
+/// back as the config it ran.
+mod early_stop {
+    use serde::de::{self, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(acc) => s.serialize_f64(*acc),
+            None => s.serialize_bool(false),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        struct AccuracyOrFalse;
+        impl<'v> Visitor<'v> for AccuracyOrFalse {
+            type Value = Option<f64>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an accuracy in (0, 1], e.g. 0.99, or false to never stop early")
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+                if v {
+                    Err(E::invalid_value(de::Unexpected::Bool(true), &self))
+                } else {
+                    Ok(None)
+                }
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                Ok(Some(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(Some(v as f64))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(Some(v as f64))
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_some<S: Deserializer<'v>>(self, d: S) -> Result<Self::Value, S::Error> {
+                d.deserialize_any(AccuracyOrFalse)
+            }
+        }
+        d.deserialize_any(AccuracyOrFalse)
     }
 }

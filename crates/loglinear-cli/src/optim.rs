@@ -472,9 +472,9 @@ pub fn replica_grad_squares<M: Module>(
     };
     model.visit(&mut squares);
     match first_device(model) {
-        Some(_) if !squares.rows.is_empty() => Tensor::cat(squares.rows, 1)
-            .sum_dim(1)
-            .reshape([replicas]),
+        Some(_) if !squares.rows.is_empty() => {
+            Tensor::cat(squares.rows, 1).sum_dim(1).reshape([replicas])
+        }
         Some(device) => Tensor::zeros([replicas], &device),
         None => Tensor::zeros([replicas], &Device::default()),
     }

@@ -460,7 +460,10 @@ pub fn summarise_with(sweep_dir: &Path, options: &SummaryOptions) -> Result<Vec<
             .chain(std::iter::once(&SEED_KEY.to_string()))
             .filter_map(|k| point.values.get(k).map(String::as_str))
             .collect();
-        groups.entry(setting).or_default().push((label.join(","), info));
+        groups
+            .entry(setting)
+            .or_default()
+            .push((label.join(","), info));
     }
     // Settings in natural order (K = 4, 8, 16, not 16, 4, 8).
     let mut groups: Vec<_> = groups.into_iter().collect();

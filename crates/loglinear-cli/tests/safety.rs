@@ -502,6 +502,42 @@ fn every_harmful_value_is_rejected_with_its_key() {
     assert!(!out.exists());
 }
 
+/// Early stop can be turned off in a config (`eval.early_stop_acc = false`; leaving the key out
+/// keeps the default 0.99), and a run's saved config says so and reads back the same; `true`
+/// names no accuracy and is refused with the key.
+#[test]
+fn early_stop_can_be_turned_off_and_reads_back() {
+    let off = ConfigFile::parse(TINY, &["eval.early_stop_acc=false".to_string()])
+        .unwrap()
+        .config()
+        .unwrap();
+    assert_eq!(off.eval.early_stop_acc, None);
+    let saved = toml::to_string_pretty(&off).unwrap();
+    assert!(saved.contains("early_stop_acc = false"), "{saved}");
+    let again = ConfigFile::parse(&saved, &[]).unwrap().config().unwrap();
+    assert_eq!(
+        again, off,
+        "a saved config reads back as the config that ran"
+    );
+    let default = ConfigFile::parse(&TINY.replace("early_stop_acc = 1.0\n", ""), &[])
+        .unwrap()
+        .config()
+        .unwrap();
+    assert_eq!(
+        default.eval.early_stop_acc,
+        Some(0.99),
+        "the key left out: the default"
+    );
+    let err = ConfigFile::parse(TINY, &["eval.early_stop_acc=true".to_string()])
+        .and_then(|c| c.config())
+        .expect_err("true is no accuracy");
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("eval.early_stop_acc") && msg.contains("false to never stop early"),
+        "{msg}"
+    );
+}
+
 #[test]
 fn generate_flags_are_checked() {
     for (t, k, p, flag) in [

@@ -210,13 +210,19 @@ fn pooling_a_swept_key_compares_over_all_its_values() {
     assert!(md.contains("| 0.429 |"), "{md}");
     // The per-K summary is left as it was.
     let main = fs::read_to_string(dir.join("summary.md")).unwrap();
-    assert!(main.contains("| num_kv_pairs = 8 | mlp_softplus | 2 | 2/2 |"), "{main}");
+    assert!(
+        main.contains("| num_kv_pairs = 8 | mlp_softplus | 2 | 2/2 |"),
+        "{main}"
+    );
     for bad in ["task.seq_len", "model.lambda", "seed"] {
         let options = SummaryOptions {
             pool: vec![bad.into()],
             ..SummaryOptions::default()
         };
         let err = summarise_with(dir, &options).unwrap_err().to_string();
-        assert!(err.contains(&format!("--pool {bad}")) && err.contains("task.num_kv_pairs"), "{err}");
+        assert!(
+            err.contains(&format!("--pool {bad}")) && err.contains("task.num_kv_pairs"),
+            "{err}"
+        );
     }
 }

@@ -360,10 +360,13 @@ fn cross_entropy_kernels_match_the_definition() {
     let wide = Tensor::<3>::random([b, t, vocab + 11], Distribution::Normal(0.0, 3.0), &device)
         .detach()
         .require_grad();
-    let targets = Tensor::<2, Int>::random([b, t], Distribution::Uniform(0.0, vocab as f64), &device);
+    let targets =
+        Tensor::<2, Int>::random([b, t], Distribution::Uniform(0.0, vocab as f64), &device);
     let weights = Tensor::<2>::random([b, t], Distribution::Normal(0.0, 1.0), &device).detach();
-    let host = |t: Tensor<2>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
-    let host3 = |t: Tensor<3>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+    let host =
+        |t: Tensor<2>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+    let host3 =
+        |t: Tensor<3>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
     let nll = cross_entropy_tokens(wide.clone().narrow(2, 0, vocab), targets.clone());
     let grads = (nll.clone() * weights.clone()).sum().backward();
     let dx = wide.grad(&grads).expect("a gradient for the logits");
@@ -373,10 +376,20 @@ fn cross_entropy_kernels_match_the_definition() {
     let want_dx = wide.grad(&want_grads).expect("a gradient for the logits");
     let (got, want) = (host(nll.detach()), host(want.detach()));
     let scale = want.iter().fold(1e-12f64, |m, v| m.max(v.abs()));
-    let e_nll = got.iter().zip(&want).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / scale;
+    let e_nll = got
+        .iter()
+        .zip(&want)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+        / scale;
     let (got_dx, want_dx) = (host3(dx), host3(want_dx));
     let scale = want_dx.iter().fold(1e-12f64, |m, v| m.max(v.abs()));
-    let e_dx = got_dx.iter().zip(&want_dx).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / scale;
+    let e_dx = got_dx
+        .iter()
+        .zip(&want_dx)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+        / scale;
     assert!(
         e_nll <= 1e-5 && e_dx <= 1e-5,
         "pitched [{b}, {t}, {vocab}] logits, seed {seed}: nll {e_nll:.1e}, dlogits {e_dx:.1e} \
