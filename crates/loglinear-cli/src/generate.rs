@@ -173,7 +173,7 @@ pub fn recompute(
     let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
     let t = ids.len();
     let x = Tensor::<2, Int>::from_data(TensorData::new(ids, vec![1, t]), device);
-    let logits = model.forward(x, form, false).logits;
+    let logits = model.forward(x, form, false).logits.logits();
     last_row(logits.narrow(1, t - 1, 1).squeeze_dim::<2>(1))
 }
 

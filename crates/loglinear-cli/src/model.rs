@@ -1,7 +1,9 @@
 //! The networks a run can train, behind one type, and the masked next-token loss.
 
 use burn::prelude::*;
-use loglinear::nn::{LogLinearLm, SyntheticLm, TransformerLm, cross_entropy_tokens};
+use loglinear::nn::{
+    LogLinearLm, PaddedLogits, SyntheticLm, TransformerLm, cross_entropy_padded_tokens,
+};
 
 use crate::config::{ExperimentConfig, Network};
 use crate::tasks::IGNORE;
@@ -19,8 +21,9 @@ pub enum Model {
 
 /// What a forward pass returns.
 pub struct Forward {
-    /// `[B, T, V]`.
-    pub logits: Tensor<3>,
+    /// The logits, over the vocabulary padded for the head's product in the language models
+    /// (`logits.logits()` is the `[B, T, V]` view; the loss reads the padded tensor).
+    pub logits: PaddedLogits,
     /// λ per layer `[B, T, H, L]`, when traced.
     pub lambda: Vec<Tensor<4>>,
 }
@@ -52,16 +55,19 @@ impl Model {
             Model::Mamba2(m) => {
                 let out = m.run(tokens, form, None, false, trace);
                 Forward {
-                    logits: out.logits,
+                    logits: out.head,
                     lambda: out.lambda,
                 }
             }
             Model::PaperSynthetic(m) => {
                 let (logits, lambda) = m.run(tokens, form, trace);
-                Forward { logits, lambda }
+                Forward {
+                    logits: logits.into(),
+                    lambda,
+                }
             }
             Model::Transformer(m) => Forward {
-                logits: m.run(tokens),
+                logits: m.run_padded(tokens),
                 lambda: Vec::new(),
             },
         }
@@ -75,8 +81,11 @@ impl Model {
 /// happens here.
 ///
 /// # Shapes
-/// `logits: [B, T, V]`, `targets: [B, T]` → scalar `[1]`.
-pub fn masked_cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> (Tensor<1>, usize) {
+/// `logits: [B, T, V]` (or padded, [`PaddedLogits`]), `targets: [B, T]` → scalar `[1]`.
+pub fn masked_cross_entropy(
+    logits: impl Into<PaddedLogits>,
+    targets: Tensor<2, Int>,
+) -> (Tensor<1>, usize) {
     let count = targets.clone().not_equal_elem(IGNORE).int().sum();
     let count = count.into_scalar::<i64>().max(0) as usize;
     (masked_mean_cross_entropy(logits, targets), count)
@@ -86,13 +95,17 @@ pub fn masked_cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> (Tens
 /// a training step would leave the GPU idle while the host queues the backward.
 ///
 /// # Shapes
-/// `logits: [B, T, V]`, `targets: [B, T]` → scalar `[1]`.
-pub fn masked_mean_cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
+/// `logits: [B, T, V]` (or padded, [`PaddedLogits`]), `targets: [B, T]` → scalar `[1]`.
+pub fn masked_mean_cross_entropy(
+    logits: impl Into<PaddedLogits>,
+    targets: Tensor<2, Int>,
+) -> Tensor<1> {
     let scored = targets.clone().not_equal_elem(IGNORE); // [B, T]
     let safe = targets.mask_fill(scored.clone().bool_not(), 0);
-    // −log p(target) per position (f32): fused kernels on GPUs, which read the logits where they
-    // lie (a reshape of pitched rows would copy them), tensor ops on the CPU.
-    let nll = cross_entropy_tokens(logits, safe); // [B, T]
+    // −log p(target) per position (f32): fused kernels on GPUs, which read the (padded) logits
+    // where they lie (a reshape of pitched rows, or a view of the first V columns, would copy
+    // them), tensor ops on the CPU.
+    let nll = cross_entropy_padded_tokens(&logits.into(), safe); // [B, T]
     let weight = scored.float().cast(nll.dtype());
     let count = weight.clone().sum().clamp_min(1.0);
     (nll * weight).sum() / count

@@ -238,7 +238,7 @@ impl Accumulator {
         let form = cfg.model.form();
         let logits = model.forward(inputs, form, false).logits;
         let predictions: Vec<u32> = logits
-            .clone()
+            .logits()
             .argmax(2)
             .into_data()
             .try_into_vec_as::<i64>()

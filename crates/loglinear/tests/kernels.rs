@@ -371,17 +371,17 @@ fn cross_entropy_kernels_match_the_definition() {
     let grads = (nll.clone() * weights.clone()).sum().backward();
     let dx = wide.grad(&grads).expect("a gradient for the logits");
     let flat = wide.clone().narrow(2, 0, vocab).reshape([b * t, vocab]);
-    let want = reference_cross_entropy_rows(flat, targets.reshape([b * t])).reshape([b, t]);
-    let want_grads = (want.clone() * weights).sum().backward();
+    let want = reference_cross_entropy_rows(flat, targets.clone().reshape([b * t])).reshape([b, t]);
+    let want_grads = (want.clone() * weights.clone()).sum().backward();
     let want_dx = wide.grad(&want_grads).expect("a gradient for the logits");
     let (got, want) = (host(nll.detach()), host(want.detach()));
-    let scale = want.iter().fold(1e-12f64, |m, v| m.max(v.abs()));
+    let scale_nll = want.iter().fold(1e-12f64, |m, v| m.max(v.abs()));
     let e_nll = got
         .iter()
         .zip(&want)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f64::max)
-        / scale;
+        / scale_nll;
     let (got_dx, want_dx) = (host3(dx), host3(want_dx));
     let scale = want_dx.iter().fold(1e-12f64, |m, v| m.max(v.abs()));
     let e_dx = got_dx
@@ -394,6 +394,45 @@ fn cross_entropy_kernels_match_the_definition() {
         e_nll <= 1e-5 && e_dx <= 1e-5,
         "pitched [{b}, {t}, {vocab}] logits, seed {seed}: nll {e_nll:.1e}, dlogits {e_dx:.1e} \
          (tolerance 1e-5)"
+    );
+    // The same logits handed over padded (`[B, T, V + 11]`, the first V columns scored, as the
+    // LM head's output): the same values, the same gradient on the scored columns and exactly
+    // 0 on the padding, which the kernels never read (poisoned here with a huge value).
+    use loglinear::nn::{PaddedLogits, cross_entropy_padded_tokens};
+    let poison = Tensor::<3>::full([b, t, 11], 1e30, &device);
+    let padded = Tensor::cat(vec![wide.clone().detach().narrow(2, 0, vocab), poison], 2)
+        .detach()
+        .require_grad();
+    let scored = PaddedLogits {
+        padded: padded.clone(),
+        vocab,
+    };
+    let nll = cross_entropy_padded_tokens(&scored, targets);
+    let grads = (nll.clone() * weights.clone()).sum().backward();
+    let dpadded = host3(
+        padded
+            .grad(&grads)
+            .expect("a gradient for the padded logits"),
+    );
+    let got = host(nll.detach());
+    let e_nll = got
+        .iter()
+        .zip(&want)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+        / scale_nll;
+    let (mut e_dx, mut pad_max) = (0.0f64, 0.0f64);
+    for (i, g) in dpadded.iter().enumerate() {
+        if i % (vocab + 11) < vocab {
+            e_dx = e_dx.max((g - want_dx[i]).abs() / scale);
+        } else {
+            pad_max = pad_max.max(g.abs());
+        }
+    }
+    assert!(
+        e_nll <= 1e-5 && e_dx <= 1e-5 && pad_max == 0.0,
+        "padded [{b}, {t}, {vocab} + 11] logits, seed {seed}: nll {e_nll:.1e}, dlogits \
+         {e_dx:.1e}, largest gradient on the padding {pad_max:e} (tolerance 1e-5, padding 0)"
     );
 }
 

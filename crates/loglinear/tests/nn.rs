@@ -934,3 +934,49 @@ fn validate_names_the_field_by_its_path() {
     let t = TransformerConfig::new(10, 32, 2, 3);
     assert_eq!(t.validate().unwrap_err().field, "n_heads");
 }
+
+/// The head over a padded vocabulary (50 → 64 here): `run` hands back the padded output, whose
+/// first V columns are the logits of `forward`; the loss read from the padded output
+/// (`cross_entropy_padded_tokens`, as training does) equals the loss of the `[B, T, V]` view,
+/// with the same gradient for every parameter — tied and untied heads, f32.
+#[test]
+fn padded_head_gives_the_logits_loss_and_gradients_of_the_plain_one() {
+    use loglinear::nn::{VOCAB_PAD, cross_entropy_padded_tokens, cross_entropy_tokens};
+    let ad = dev().autodiff();
+    let (b, t, v) = (2, 9, 50);
+    let tokens = random_tokens(b, t, v, 21).to_device(&ad);
+    let targets = random_tokens(b, t, v, 22).to_device(&ad);
+    for tie in [true, false] {
+        let mut cfg = tiny_lm(LambdaMode::MlpSoftplus, 8);
+        cfg.tie_embeddings = tie;
+        let m = perturbed(cfg.init(5, &ad), 6, 0.3);
+        let out = m.run(
+            tokens.clone(),
+            Form::Chunked { chunk: 8 },
+            None,
+            false,
+            false,
+        );
+        assert_eq!(out.head.vocab, v);
+        assert_eq!(
+            out.head.padded.dims(),
+            [b, t, v.next_multiple_of(VOCAB_PAD)]
+        );
+        let plain = m.forward(tokens.clone(), Form::Chunked { chunk: 8 });
+        assert_eq!(
+            to_f64(&out.logits()),
+            to_f64(&plain),
+            "tied {tie}: the view is forward's"
+        );
+        let padded_loss = cross_entropy_padded_tokens(&out.head, targets.clone()).sum();
+        let plain_loss = cross_entropy_tokens(plain, targets.clone()).sum();
+        let (lp, lv) = (to_f64(&padded_loss), to_f64(&plain_loss));
+        assert_close("loss of the padded output", &lv, &lp, 1e-6);
+        let gp = param_grads(&m, &padded_loss.backward());
+        let gv = param_grads(&m, &plain_loss.backward());
+        assert_eq!(gp.len(), gv.len());
+        for ((name, a), (_, e)) in gp.iter().zip(&gv) {
+            assert_close(&format!("tied {tie}: gradient of {name}"), e, a, 1e-6);
+        }
+    }
+}

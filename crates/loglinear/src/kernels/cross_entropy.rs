@@ -31,8 +31,9 @@ const _: () = assert!(CE_THREADS == 256);
 
 /// Per row: `lse = max x + ln Σ e^{x − max x}` and `nll = lse − x[target]` (f32).
 ///
-/// Shapes: `logits: [rows, vocab]` (dtype `E`, row `r` at `r · pitch`, unit column stride),
-/// `targets: [rows]` (integers in `0..vocab`), `nll, lse: [rows]` (f32).
+/// Shapes: `logits: [rows, ≥ vocab]` (dtype `E`, row `r` at `r · pitch`, unit column stride; only
+/// the first `vocab` columns are read), `targets: [rows]` (integers in `0..vocab`), `nll, lse:
+/// [rows]` (f32).
 #[cube(launch)]
 pub fn ce_forward_kernel<E: Float, I: Int>(
     logits: &Tensor<E>,
@@ -90,8 +91,9 @@ pub fn ce_forward_kernel<E: Float, I: Int>(
 
 /// Per row: `dlogits[v] = (e^{x[v] − lse} − [v = target]) · grad` in the logits' dtype.
 ///
-/// Shapes: `logits, dlogits: [rows, vocab]` (dtype `E`, rows at `r · pitch` and `r · d_pitch`,
-/// unit column strides), `targets: [rows]`, `lse, grad: [rows]` (f32).
+/// Shapes: `logits, dlogits: [rows, stored]` (dtype `E`, rows at `r · pitch` and `r · d_pitch`,
+/// unit column strides) of which the first `vocab` columns are scored (the gradient of the rest
+/// is 0), `targets: [rows]`, `lse, grad: [rows]` (f32).
 #[cube(launch)]
 pub fn ce_backward_kernel<E: Float, I: Int>(
     logits: &Tensor<E>,
@@ -101,6 +103,7 @@ pub fn ce_backward_kernel<E: Float, I: Int>(
     dlogits: &mut Tensor<E>,
     rows: usize,
     vocab: usize,
+    stored: usize,
     pitch: usize,
     d_pitch: usize,
     #[define(E, I)] _dtypes: [ElemType; 2],
@@ -121,6 +124,10 @@ pub fn ce_backward_kernel<E: Float, I: Int>(
             d -= g;
         }
         dlogits[d_base + i] = E::cast_from(d);
+        i += CE_THREADS;
+    }
+    while i < stored {
+        dlogits[d_base + i] = E::cast_from(0.0f32);
         i += CE_THREADS;
     }
 }
@@ -172,10 +179,25 @@ fn rows_of(t: CubeTensor) -> (CubeTensor, usize) {
     }
 }
 
-/// Softmax cross-entropy per row: `(nll, lse)`, f32 `[...]` each, from `logits: [..., V]` (rows
-/// pitched or not) and integer `targets: [...]` in `0..V` (see `cross_entropy.rs`).
-pub fn cross_entropy(logits: CubeTensor, targets: CubeTensor) -> (CubeTensor, CubeTensor) {
-    let (rows, vocab) = rows_and_vocab(logits.meta.shape());
+/// `vocab` checked against the logits' stored width.
+fn scored_columns(vocab: usize, stored: usize) -> usize {
+    assert!(
+        vocab <= stored,
+        "cross-entropy: {vocab} scored columns of logits {stored} wide"
+    );
+    vocab
+}
+
+/// Softmax cross-entropy per row: `(nll, lse)`, f32 `[...]` each, from `logits: [..., V']`
+/// (rows pitched or not) of which the first `vocab` columns are scored, and integer `targets:
+/// [...]` in `0..vocab` (see `cross_entropy.rs`).
+pub fn cross_entropy(
+    logits: CubeTensor,
+    targets: CubeTensor,
+    vocab: usize,
+) -> (CubeTensor, CubeTensor) {
+    let (rows, stored) = rows_and_vocab(logits.meta.shape());
+    let vocab = scored_columns(vocab, stored);
     let (logits, pitch) = rows_of(logits);
     let (client, device) = (logits.client.clone(), logits.device.clone());
     let column = || {
@@ -209,17 +231,19 @@ pub fn cross_entropy(logits: CubeTensor, targets: CubeTensor) -> (CubeTensor, Cu
     (nll, lse)
 }
 
-/// The gradient of [`cross_entropy`]'s `nll` with respect to the logits, `[..., V]` in their
-/// dtype, for an output gradient `grad: [...]` (f32) and the forward's `lse`. Its rows have the
-/// pitch the device's allocator gives them (on CUDA aligned, so the head's products read them
-/// on tensor cores).
+/// The gradient of [`cross_entropy`]'s `nll` with respect to the logits, `[..., V']` in their
+/// dtype (0 past the `vocab` scored columns), for an output gradient `grad: [...]` (f32) and
+/// the forward's `lse`. Its rows have the pitch the device's allocator gives them (on CUDA
+/// aligned, so the head's products read them on tensor cores).
 pub fn cross_entropy_backward(
     logits: CubeTensor,
     targets: CubeTensor,
     lse: CubeTensor,
     grad: CubeTensor,
+    vocab: usize,
 ) -> CubeTensor {
-    let (rows, vocab) = rows_and_vocab(logits.meta.shape());
+    let (rows, stored) = rows_and_vocab(logits.meta.shape());
+    let vocab = scored_columns(vocab, stored);
     let shape = logits.meta.shape().clone();
     let (client, device, dtype) = (logits.client.clone(), logits.device.clone(), logits.dtype);
     let (logits, pitch) = rows_of(logits);
@@ -237,6 +261,7 @@ pub fn cross_entropy_backward(
             out.clone().into_tensor_arg(),
             rows,
             vocab,
+            stored,
             pitch,
             d_pitch,
             [

@@ -36,25 +36,29 @@ pub(crate) fn cast(t: FloatTensor<Cb>, dtype: DType) -> FloatTensor<Cb> {
 /// ([`cross_entropy`]): the entry point is [`softmax_cross_entropy`].
 #[backend_extension(Cube, Fusion: cfg(feature = "fusion"), Autodiff)]
 pub trait CrossEntropyKernels: Backend {
-    /// `(nll, lse)`, f32 `[...]` each, from `logits: [..., V]` (any float dtype; rows may be
-    /// pitched) and `targets: [...]` (integers in `0..V`). Only `nll` is differentiable.
+    /// `(nll, lse)`, f32 `[...]` each, from `logits: [..., V']` (any float dtype; rows may be
+    /// pitched) of which the first `vocab` columns are scored (the rest are padding), and
+    /// `targets: [...]` (integers in `0..vocab`). Only `nll` is differentiable.
     #[allow(clippy::type_complexity)]
-    #[fusion(meta = |_logits, targets| (
+    #[fusion(meta = |_logits, targets, _vocab| (
         burn::backend::fusion::custom::TensorSpec::new(targets.shape.clone(), DType::F32),
         burn::backend::fusion::custom::TensorSpec::new(targets.shape.clone(), DType::F32),
     ))]
     fn cross_entropy_rows(
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
+        vocab: usize,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
-    /// `dlogits: [..., V]` in the dtype of `logits` for the gradient `grad: [...]` of `nll`.
+    /// `dlogits: [..., V']` in the dtype of `logits` (0 past `vocab`) for the gradient
+    /// `grad: [...]` of `nll`.
     #[fusion(dtype = logits, shape = logits)]
     fn cross_entropy_rows_backward(
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
         lse: FloatTensor<Self>,
         grad: FloatTensor<Self>,
+        vocab: usize,
     ) -> FloatTensor<Self>;
 }
 
@@ -62,8 +66,9 @@ impl CrossEntropyKernels for CubeBackend {
     fn cross_entropy_rows(
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
+        vocab: usize,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        cross_entropy::cross_entropy(logits, targets)
+        cross_entropy::cross_entropy(logits, targets, vocab)
     }
 
     fn cross_entropy_rows_backward(
@@ -71,8 +76,9 @@ impl CrossEntropyKernels for CubeBackend {
         targets: IntTensor<Self>,
         lse: FloatTensor<Self>,
         grad: FloatTensor<Self>,
+        vocab: usize,
     ) -> FloatTensor<Self> {
-        cross_entropy::cross_entropy_backward(logits, targets, lse, cast(grad, DType::F32))
+        cross_entropy::cross_entropy_backward(logits, targets, lse, cast(grad, DType::F32), vocab)
     }
 }
 
@@ -82,12 +88,13 @@ impl<B: Backend + CrossEntropyKernels, C: CheckpointStrategy> CrossEntropyKernel
     fn cross_entropy_rows(
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
+        vocab: usize,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         #[derive(Debug)]
         struct RowsBackward;
 
         impl<B: Backend + CrossEntropyKernels> Backward<B, 1> for RowsBackward {
-            type State = (FloatTensor<B>, IntTensor<B>, FloatTensor<B>);
+            type State = (FloatTensor<B>, IntTensor<B>, FloatTensor<B>, usize);
 
             fn backward(
                 self,
@@ -96,10 +103,10 @@ impl<B: Backend + CrossEntropyKernels, C: CheckpointStrategy> CrossEntropyKernel
                 _checkpointer: &mut Checkpointer,
             ) {
                 let grad = grads.consume::<B>(&ops.node);
-                let (logits, targets, lse) = ops.state;
+                let (logits, targets, lse, vocab) = ops.state;
                 let [parent] = ops.parents;
                 if let Some(node) = parent {
-                    let d = B::cross_entropy_rows_backward(logits, targets, lse, grad);
+                    let d = B::cross_entropy_rows_backward(logits, targets, lse, grad, vocab);
                     grads.register::<B>(node.id, d);
                 }
             }
@@ -107,9 +114,9 @@ impl<B: Backend + CrossEntropyKernels, C: CheckpointStrategy> CrossEntropyKernel
 
         let node = logits.node();
         let logits = logits.into_primitive();
-        let (nll, lse) = B::cross_entropy_rows(logits.clone(), targets.clone());
+        let (nll, lse) = B::cross_entropy_rows(logits.clone(), targets.clone(), vocab);
         let nll = match RowsBackward.prepare::<C>([node]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => prep.finish((logits, targets, lse.clone()), nll),
+            OpsKind::Tracked(prep) => prep.finish((logits, targets, lse.clone(), vocab), nll),
             OpsKind::UnTracked(prep) => prep.finish(nll),
         };
         (nll, <Self as AutodiffBackend>::from_inner(lse))
@@ -120,6 +127,7 @@ impl<B: Backend + CrossEntropyKernels, C: CheckpointStrategy> CrossEntropyKernel
         targets: IntTensor<Self>,
         lse: FloatTensor<Self>,
         grad: FloatTensor<Self>,
+        vocab: usize,
     ) -> FloatTensor<Self> {
         // Not itself differentiable: a constant.
         <Self as AutodiffBackend>::from_inner(B::cross_entropy_rows_backward(
@@ -127,19 +135,23 @@ impl<B: Backend + CrossEntropyKernels, C: CheckpointStrategy> CrossEntropyKernel
             targets,
             lse.into_primitive(),
             grad.into_primitive(),
+            vocab,
         ))
     }
 }
 
-/// Per-row softmax cross-entropy `logsumexp(x) − x[target]` in f32 by the fused kernels on a
-/// CubeCL device (`None` elsewhere: the caller uses tensor ops). The logits are read as they lie
-/// in memory: rows that the allocator pitched are not copied.
+/// Per-row softmax cross-entropy `logsumexp(x) − x[target]` over the first `vocab` columns, in
+/// f32, by the fused kernels on a CubeCL device (`None` elsewhere: the caller uses tensor ops).
+/// The logits are read as they lie in memory: rows that the allocator pitched are not copied,
+/// and columns past `vocab` (padding) are neither read nor given a gradient other than 0.
 ///
 /// # Shapes
-/// `logits: [..., V]` (rank `D`), `targets: [...]` (rank `DT = D − 1`, in `0..V`) → `[...]`.
+/// `logits: [..., V']` (rank `D`, `V' ≥ vocab`), `targets: [...]` (rank `DT = D − 1`, in
+/// `0..vocab`) → `[...]`.
 pub fn softmax_cross_entropy<const D: usize, const DT: usize>(
     logits: &Tensor<D>,
     targets: &Tensor<DT, Int>,
+    vocab: usize,
 ) -> Option<Tensor<DT>> {
     assert!(
         D == DT + 1 && logits.dims()[..DT] == targets.dims()[..],
@@ -153,6 +165,7 @@ pub fn softmax_cross_entropy<const D: usize, const DT: usize>(
     let (nll, _lse) = <burn::backend::Dispatch as CrossEntropyKernels>::cross_entropy_rows(
         logits.clone().into_dispatch(),
         targets.clone().into_dispatch(),
+        vocab,
     );
     Some(Tensor::from_dispatch(nll))
 }

@@ -266,16 +266,53 @@ pub fn embed(table: Tensor<2>, tokens: Tensor<2, Int>) -> Tensor<3> {
 /// Vocabularies are padded to a multiple of this many entries in the head's product.
 pub const VOCAB_PAD: usize = 64;
 
-/// The LM head: logits `[B, T, V]` of `h: [B, T, D]` against `weight`, stored `[V, D]` (a tied
-/// embedding table, `vocab_rows`) or `[D, V]` (an untied head), in `h`'s dtype.
+/// Logits over a vocabulary padded for the head's product (see [`vocab_logits`]).
+#[derive(Clone, Debug)]
+pub struct PaddedLogits {
+    /// `[B, T, V']` in the compute dtype, `V'` = `vocab` rounded up to a multiple of
+    /// [`VOCAB_PAD`]: the first `vocab` columns are the logits, the rest come from zero weights
+    /// and are never scored.
+    pub padded: Tensor<3>,
+    /// `V`, the vocabulary.
+    pub vocab: usize,
+}
+
+impl From<Tensor<3>> for PaddedLogits {
+    /// Logits with no padding: every column is scored.
+    fn from(logits: Tensor<3>) -> Self {
+        let vocab = logits.dims()[2];
+        Self {
+            padded: logits,
+            vocab,
+        }
+    }
+}
+
+impl PaddedLogits {
+    /// The logits `[B, T, V]`: a view of the first `V` columns. Training hands the loss the
+    /// padded tensor instead ([`crate::nn::loss::cross_entropy_padded_tokens`]): under fusion a
+    /// view of `[B, T, V']` is copied out, and its backward writes the gradient into a zeroed
+    /// padded tensor — 14 ms of the LM step on the H200 (bench/RESULTS.md, session 9).
+    pub fn logits(&self) -> Tensor<3> {
+        let stored = self.padded.dims()[2];
+        if stored == self.vocab {
+            self.padded.clone()
+        } else {
+            self.padded.clone().narrow(2, 0, self.vocab)
+        }
+    }
+}
+
+/// The LM head: logits of `h: [B, T, D]` against `weight`, stored `[V, D]` (a tied embedding
+/// table, `vocab_rows`) or `[D, V]` (an untied head), in `h`'s dtype.
 ///
 /// The product runs over `V` rounded up to a multiple of [`VOCAB_PAD`] (zero rows or columns
-/// added; the logits are a view of the first `V` columns). With an odd vocabulary (GPT-2's
-/// 50,257) every row of the logits and of their gradient has an odd length, which keeps cuBLAS
-/// off its vectorised tensor-core kernels: the head's three products ran at 86–150 TFLOP/s on the
-/// H200 against ≈ 690 for the layers' (bench/RESULTS.md, session 9). The padding's columns are
-/// never read by the loss; the values of the first `V` are those of the unpadded product.
-pub fn vocab_logits(h: Tensor<3>, weight: Tensor<2>, vocab_rows: bool) -> Tensor<3> {
+/// added). With an odd vocabulary (GPT-2's 50,257) every row of the logits and of their
+/// gradient has an odd length, which keeps cuBLAS off its vectorised tensor-core kernels: the
+/// head's three products ran at 86–150 TFLOP/s on the H200 against ≈ 690 for the layers'
+/// (bench/RESULTS.md, session 9). The values of the first `V` columns are those of the unpadded
+/// product.
+pub fn vocab_logits(h: Tensor<3>, weight: Tensor<2>, vocab_rows: bool) -> PaddedLogits {
     let dtype = h.dtype();
     let weight = to_dtype(weight, dtype);
     let [rows, cols] = weight.dims();
@@ -285,15 +322,11 @@ pub fn vocab_logits(h: Tensor<3>, weight: Tensor<2>, vocab_rows: bool) -> Tensor
         let zeros = Tensor::<2>::zeros(dims, &weight.device()).cast(dtype);
         Tensor::cat(vec![weight.clone(), zeros], axis)
     };
-    let logits = match (vocab_rows, padded == vocab) {
+    let padded = match (vocab_rows, padded == vocab) {
         (true, true) => crate::linalg::linear(h, weight.transpose()),
         (false, true) => crate::linalg::linear(h, weight),
         (true, false) => crate::linalg::linear(h, pad([padded - vocab, cols], 0).transpose()),
         (false, false) => crate::linalg::linear(h, pad([rows, padded - vocab], 1)),
     };
-    if padded == vocab {
-        logits
-    } else {
-        logits.narrow(2, 0, vocab)
-    }
+    PaddedLogits { padded, vocab }
 }

@@ -3,7 +3,7 @@
 use burn::prelude::*;
 use burn::tensor::activation::log_softmax;
 
-use super::init::{to_dtype, wide};
+use super::init::{PaddedLogits, to_dtype, wide};
 
 /// `logsumexp(x) − x[target]` per row, in f32 (half-precision logits are read as they are): on a
 /// CubeCL device the fused kernels (one read of the logits forward, one read and one write
@@ -14,7 +14,7 @@ use super::init::{to_dtype, wide};
 /// `logits: [rows, V]`, `targets: [rows]` → `[rows]`.
 pub fn cross_entropy_rows(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
     #[cfg(feature = "kernels")]
-    if let Some(nll) = crate::kernels::softmax_cross_entropy(&logits, &targets) {
+    if let Some(nll) = crate::kernels::softmax_cross_entropy(&logits, &targets, logits.dims()[1]) {
         return nll;
     }
     reference_cross_entropy_rows(logits, targets)
@@ -27,13 +27,32 @@ pub fn cross_entropy_rows(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<
 /// # Shapes
 /// `logits: [B, T, V]`, `targets: [B, T]` → `[B, T]`.
 pub fn cross_entropy_tokens(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<2> {
+    let vocab = logits.dims()[2];
+    cross_entropy_padded_tokens(
+        &PaddedLogits {
+            padded: logits,
+            vocab,
+        },
+        targets,
+    )
+}
+
+/// [`cross_entropy_tokens`] of the head's output over a padded vocabulary: only the first
+/// `vocab` columns are scored, and on a CubeCL device the padded tensor is read in place (no
+/// view of the first `vocab` columns is made, which under fusion is a copy, nor its backward,
+/// which writes a zeroed padded tensor); the padding's gradient is 0.
+///
+/// # Shapes
+/// `logits.padded: [B, T, V']`, `targets: [B, T]` (in `0..vocab`) → `[B, T]`.
+pub fn cross_entropy_padded_tokens(logits: &PaddedLogits, targets: Tensor<2, Int>) -> Tensor<2> {
     #[cfg(feature = "kernels")]
-    if let Some(nll) = crate::kernels::softmax_cross_entropy(&logits, &targets) {
+    if let Some(nll) = crate::kernels::softmax_cross_entropy(&logits.padded, &targets, logits.vocab)
+    {
         return nll;
     }
-    let [b, t, v] = logits.dims();
-    reference_cross_entropy_rows(logits.reshape([b * t, v]), targets.reshape([b * t]))
-        .reshape([b, t])
+    let view = logits.logits();
+    let [b, t, v] = view.dims();
+    reference_cross_entropy_rows(view.reshape([b * t, v]), targets.reshape([b * t])).reshape([b, t])
 }
 
 /// [`cross_entropy_rows`] as tensor ops: `−log_softmax(x)[target]` (the definition, and the form

@@ -13,9 +13,9 @@ pub mod transformer;
 
 pub use check::ConfigError;
 pub use gdn_mixer::{GdnConfig, LogLinearGatedDeltaNet};
-pub use init::Precision;
+pub use init::{PaddedLogits, Precision, VOCAB_PAD};
 pub use lambda::{LambdaConfig, LambdaInit, LambdaMlp, LambdaMode, LevelWeights};
-pub use loss::{cross_entropy_rows, cross_entropy_tokens};
+pub use loss::{cross_entropy_padded_tokens, cross_entropy_rows, cross_entropy_tokens};
 pub use mixer::{LogLinearMamba2, MixerConfig, MixerKind, MixerOutput, MixerState};
 pub use model::{LmConfig, LmOutput, LogLinearLm, ModelState};
 pub use packed::{PackedSyntheticLm, packable};

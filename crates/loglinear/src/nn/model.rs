@@ -8,7 +8,7 @@ use burn::tensor::activation::silu;
 
 use super::check::{ConfigError, positive, std_dev, width_when_set};
 use super::gdn_mixer::{GdnConfig, LogLinearGatedDeltaNet};
-use super::init::{Dense, Init, Precision, RmsNorm, to_dtype};
+use super::init::{Dense, Init, PaddedLogits, Precision, RmsNorm, to_dtype};
 use super::mixer::{LogLinearMamba2, MixerConfig, MixerKind, MixerOutput, MixerState};
 use crate::ops::Form;
 
@@ -247,12 +247,20 @@ impl ModelState {
 /// Output of a sequence forward.
 #[derive(Clone, Debug)]
 pub struct LmOutput {
-    /// `[B, T, V]`, in the compute dtype (bf16 under mixed precision).
-    pub logits: Tensor<3>,
+    /// The head's output over the padded vocabulary, in the compute dtype (bf16 under mixed
+    /// precision); [`LmOutput::logits`] is the `[B, T, V]` view.
+    pub head: PaddedLogits,
     /// λ of every block, `[B, T, H, L]` each, when traced.
     pub lambda: Vec<Tensor<4>>,
     /// The decoding state after the last token, when asked for.
     pub state: Option<ModelState>,
+}
+
+impl LmOutput {
+    /// The logits `[B, T, V]` (a view of the padded head output).
+    pub fn logits(&self) -> Tensor<3> {
+        self.head.logits()
+    }
 }
 
 /// The log-linear language model (Mamba-2 or Gated DeltaNet mixers).
@@ -277,7 +285,7 @@ impl LogLinearLm {
     /// # Shapes
     /// `tokens: [B, T]` → `[B, T, V]`.
     pub fn forward(&self, tokens: Tensor<2, Int>, form: Form) -> Tensor<3> {
-        self.run(tokens, form, None, false, false).logits
+        self.run(tokens, form, None, false, false).logits()
     }
 
     /// The full forward: optionally from a decoding state, returning the final state and/or
@@ -311,7 +319,7 @@ impl LogLinearLm {
             states.extend(out.state);
         }
         LmOutput {
-            logits: self.logits(h),
+            head: self.head(h),
             lambda,
             state: return_state.then_some(ModelState { layers: states }),
         }
@@ -324,7 +332,7 @@ impl LogLinearLm {
     /// `tokens: [B, T]` → `[B, T, V]`.
     pub fn prefill(&self, tokens: Tensor<2, Int>, chunk: usize) -> (Tensor<3>, ModelState) {
         let out = self.run(tokens, Form::Chunked { chunk }, None, true, false);
-        (out.logits, out.state.expect("state requested"))
+        (out.logits(), out.state.expect("state requested"))
     }
 
     /// An empty decoding state for a batch of `b`.
@@ -352,7 +360,7 @@ impl LogLinearLm {
                     .forward(block.mlp_norm.forward(r).unsqueeze_dim(1))
                     .squeeze_dim(1);
         }
-        self.logits(h.unsqueeze_dim(1)).squeeze_dim(1)
+        self.head(h.unsqueeze_dim(1)).logits().squeeze_dim(1)
     }
 
     fn embed(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
@@ -361,10 +369,11 @@ impl LogLinearLm {
         to_dtype(super::init::embed(table, tokens), dtype)
     }
 
-    /// Logits in the compute dtype (bf16 under mixed precision): the loss reads them as they are
-    /// and computes in f32. A cast to f32 would write and read the `[B, T, V]` logits twice more
-    /// per step, forward and backward, for the same values (bench/RESULTS.md, session 9).
-    fn logits(&self, h: Tensor<3>) -> Tensor<3> {
+    /// The head's logits in the compute dtype (bf16 under mixed precision), over the padded
+    /// vocabulary: the loss reads them as they are and computes in f32. A cast to f32 would
+    /// write and read the `[B, T, V]` logits twice more per step, forward and backward, for the
+    /// same values (bench/RESULTS.md, session 9).
+    fn head(&self, h: Tensor<3>) -> PaddedLogits {
         let h = self.norm.forward(h);
         match &self.head {
             Some(head) => super::init::vocab_logits(h, head.weight.val(), false),

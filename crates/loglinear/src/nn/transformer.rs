@@ -15,7 +15,7 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 
 use super::check::{ConfigError, positive, std_dev, width_when_set};
-use super::init::{Dense, Init, LayerNorm, Precision, to_dtype};
+use super::init::{Dense, Init, LayerNorm, PaddedLogits, Precision, to_dtype};
 
 /// Configuration of the GPT-2 baseline (field names follow `GPT2Config` where they map); the
 /// defaults are GPT-2's (1024 positions, MLP width 4·D, tied head, eps 1e-5, init std 0.02).
@@ -353,9 +353,19 @@ impl TransformerLm {
     /// # Shapes
     /// `tokens: [B, T]` → `[B, T, V]`.
     pub fn run(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
+        self.run_padded(tokens).logits()
+    }
+
+    /// [`TransformerLm::run`] with the head's output over the padded vocabulary, for the loss
+    /// ([`PaddedLogits`]).
+    ///
+    /// # Shapes
+    /// `tokens: [B, T]` → `[B, T, V']`.
+    pub fn run_padded(&self, tokens: Tensor<2, Int>) -> PaddedLogits {
         let b = tokens.dims()[0];
         let mut state = self.init_state(b, &tokens.device());
-        self.extend(tokens, &mut state)
+        let h = self.hidden(tokens, &mut state);
+        self.head(h)
     }
 
     /// Same as [`TransformerLm::run`] (the name [`super::LogLinearLm`] uses).
@@ -407,6 +417,12 @@ impl TransformerLm {
     /// # Shapes
     /// `tokens: [B, T]` → `[B, T, V]`.
     pub fn extend(&self, tokens: Tensor<2, Int>, state: &mut TransformerState) -> Tensor<3> {
+        let h = self.hidden(tokens, state);
+        self.head(h).logits()
+    }
+
+    /// The last block's output `[B, T, D]` for `tokens` after those in `state`, which it extends.
+    fn hidden(&self, tokens: Tensor<2, Int>, state: &mut TransformerState) -> Tensor<3> {
         let [b, t] = tokens.dims();
         let (start, max) = (state.position, self.config.max_seq_len);
         assert!(
@@ -430,13 +446,14 @@ impl TransformerLm {
             h = block.extend(h, cache);
         }
         state.position += t;
-        self.logits(h)
+        h
     }
 
-    /// Logits in the compute dtype (bf16 under mixed precision): the loss reads them as they are
-    /// and computes in f32. A cast to f32 would write and read the `[B, T, V]` logits twice more
-    /// per step, forward and backward, for the same values (bench/RESULTS.md, session 9).
-    fn logits(&self, h: Tensor<3>) -> Tensor<3> {
+    /// The head's logits in the compute dtype (bf16 under mixed precision), over the padded
+    /// vocabulary: the loss reads them as they are and computes in f32. A cast to f32 would
+    /// write and read the `[B, T, V]` logits twice more per step, forward and backward, for the
+    /// same values (bench/RESULTS.md, session 9).
+    fn head(&self, h: Tensor<3>) -> PaddedLogits {
         let h = self.norm.forward(h);
         match &self.head {
             Some(head) => super::init::vocab_logits(h, head.weight.val(), false),
