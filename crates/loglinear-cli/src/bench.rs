@@ -968,6 +968,12 @@ pub fn bench_gemm(
         } else {
             Tensor::<2>::random([k, n], Distribution::Normal(0.0, 1.0), device).cast(dtype)
         };
+        // Burn's matmul autotunes each new shape on its first call: minutes on a GPU for the
+        // large ones, so say what is happening rather than sit silent.
+        eprintln!(
+            "bench gemm: [{m}×{k}]·[{k}×{n}]{}: first calls (Burn's matmul autotunes a new shape)",
+            if transposed { "ᵀ" } else { "" }
+        );
         let ours = loglinear::linalg::matmul(a.clone(), b.clone());
         let burns = a.clone().matmul(b.clone());
         let scale = burns

@@ -134,11 +134,13 @@ enum BenchCommand {
     Gemm {
         /// Products `MxKxN` (comma-separated); a trailing `t` reads the `[K×N]` operand from a
         /// transposed view (as the tied LM head reads the embedding table). Default: the
-        /// published LM's shapes at T × B = 32,768 (layers, head, and their backward products).
+        /// published LM's shapes at T × B = 32,768 (layers, and the head over the padded
+        /// vocabulary of 50,304 with its backward products), then the head at the odd 50,257
+        /// for comparison.
         #[arg(
             long,
             value_delimiter = ',',
-            default_value = "32768x512x2048,32768x512x512,32768x2048x512,512x32768x2048,32768x512x50257t,32768x50257x512,512x32768x50257"
+            default_value = "32768x512x2048,32768x512x512,32768x2048x512,512x32768x2048,32768x512x50304t,32768x50304x512,512x32768x50304,32768x512x50257t"
         )]
         shapes: Vec<String>,
         /// Operand dtype: bf16, f16, f32.
