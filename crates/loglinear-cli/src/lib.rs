@@ -18,6 +18,7 @@ pub mod profile;
 pub mod report;
 pub mod run_dir;
 pub mod stats;
+pub mod stop;
 pub mod sweep;
 pub mod tasks;
 pub mod train;

@@ -712,6 +712,7 @@ fn run_generate(args: GenerateArgs) -> Result<()> {
 fn main() {
     let cli = Cli::parse();
     loglinear_cli::kernel_cache::enable();
+    loglinear_cli::stop::install();
     let result: Result<()> = match cli.command {
         Command::Op(args) => op::run(args),
         Command::Train(args) => run_train(args),

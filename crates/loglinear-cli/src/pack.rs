@@ -257,6 +257,26 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
     let mut ticks = 0usize;
     let mut profiler = PackProfiler::from_env();
     while replicas.iter().any(|r| r.active) {
+        if crate::stop::requested() {
+            bar.abandon();
+            for (i, r) in replicas.iter().enumerate() {
+                let latest = checkpoint::latest_checkpoint(&r.run.out)?
+                    .and_then(|d| checkpoint::read_state(&d.join("state.json")).ok())
+                    .map(|s| s.step);
+                if r.active && r.state.step > 0 && latest != Some(r.state.step) {
+                    checkpoint::save_checkpoint(
+                        &r.run.out,
+                        &replica_model(&packed, i),
+                        &optim.replica_state(i),
+                        &r.state,
+                    )?;
+                }
+            }
+            bail!(
+                "stopped by a signal after {ticks} pack steps, with a checkpoint of every \
+                 unfinished run's last step: the same sweep again (or `--resume`) continues"
+            );
+        }
         if opts.stop_after.is_some_and(|n| ticks >= n) {
             bar.abandon();
             bail!("stopped after {ticks} steps as asked (--stop-after)");

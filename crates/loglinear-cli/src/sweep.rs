@@ -253,7 +253,18 @@ fn run_children(
     // (label, device index, child)
     let mut running: Vec<(String, usize, std::process::Child)> = Vec::new();
     let mut failed = Vec::new();
+    let mut stopping = false;
     loop {
+        // A stop asked for by a signal: no new run starts; the running ones (signalled with
+        // their process group) checkpoint and exit, and are waited for.
+        if crate::stop::requested() && !stopping {
+            stopping = true;
+            queue = Vec::new().into_iter();
+            eprintln!(
+                "stopping: no new run starts; waiting for the {} running",
+                running.len()
+            );
+        }
         loop {
             let load = |d: usize| running.iter().filter(|r| r.1 == d).count();
             let Some(slot) = (0..devices.len())
@@ -320,6 +331,12 @@ fn run_children(
             }
         }
         running = still;
+    }
+    if stopping {
+        anyhow::bail!(
+            "stopped by a signal: runs that were running wrote a checkpoint of their last step \
+             (see their train.log); the same sweep again continues"
+        );
     }
     if !failed.is_empty() {
         anyhow::bail!("{} sweep runs failed: {}", failed.len(), failed.join("; "));

@@ -465,6 +465,21 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
     let mut window_steps = 0usize;
     let first_step = state.step;
     while state.step < t.steps && !state.stopped_early {
+        if crate::stop::requested() {
+            bar.abandon();
+            let latest = checkpoint::latest_checkpoint(out)?
+                .and_then(|d| checkpoint::read_state(&d.join("state.json")).ok())
+                .map(|s| s.step);
+            if latest != Some(state.step) && state.step > 0 {
+                checkpoint::save_checkpoint(out, &model, &optim.replica_state(0), &state)?;
+            }
+            bail!(
+                "stopped by a signal at step {}, with a checkpoint of that step in {}: \
+                 `--resume` continues from there",
+                state.step,
+                checkpoint::checkpoint_root(out).display()
+            );
+        }
         if opts
             .stop_after
             .is_some_and(|n| state.step - first_step >= n)

@@ -394,6 +394,70 @@ fn resume_after_sigkill_matches_an_uninterrupted_run() {
     assert!(err.contains("different config"), "{err}");
 }
 
+/// SIGTERM (a scheduler's or `timeout`'s stop) mid-run: the run finishes its step, writes a
+/// checkpoint of exactly that step — between the periodic ones — and exits with an error that
+/// says so; resumed, it ends with the metrics of a run that never stopped.
+#[cfg(unix)]
+#[test]
+fn sigterm_checkpoints_the_step_and_resume_matches_an_uninterrupted_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = write_config(tmp.path(), &TINY.replace("steps = 40", "steps = 300"));
+    let whole = tmp.path().join("whole");
+    run_ok(bin().args(["train"]).arg(&config).arg("--out").arg(&whole));
+
+    let stopped = tmp.path().join("stopped");
+    let child = bin()
+        .args(["train"])
+        .arg(&config)
+        .arg("--out")
+        .arg(&stopped)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Signal once a checkpoint past the first one exists, between two periodic checkpoints.
+    let started = Instant::now();
+    loop {
+        let latest = fs::read_to_string(stopped.join("checkpoints/latest")).unwrap_or_default();
+        if latest.trim() >= "ckpt-00000020" || started.elapsed() > Duration::from_secs(120) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    // SAFETY: a plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the run finished before the signal: {err}"
+    );
+    assert!(err.contains("stopped by a signal at step"), "{err}");
+    let step: usize = err
+        .split("stopped by a signal at step ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no step in {err}"));
+    let latest = fs::read_to_string(stopped.join("checkpoints/latest")).unwrap();
+    assert_eq!(
+        latest.trim(),
+        format!("ckpt-{step:08}"),
+        "a checkpoint of the step it stopped at"
+    );
+    let logged = read_metrics(&stopped.join("metrics.jsonl")).unwrap();
+    assert!(
+        logged.iter().filter_map(|m| m["step"].as_u64()).max() <= Some(step as u64),
+        "nothing logged past the checkpointed step"
+    );
+    resume_from_checkpoint(&config, &stopped, 300);
+    assert_eq!(
+        metrics_without_timing(&whole),
+        metrics_without_timing(&stopped)
+    );
+}
+
 #[test]
 fn a_diverging_loss_stops_the_run_and_keeps_the_last_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();

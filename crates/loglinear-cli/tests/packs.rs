@@ -279,6 +279,60 @@ fn a_killed_pack_resumes_to_the_metrics_of_one_that_was_not() {
         // Same process layout, same batches, same arithmetic: the resumed pack is exact.
         assert_same_metrics(a, b, 0.0);
     }
+
+    // SIGTERM to the sweep's process group (as `timeout` or a scheduler sends it): the pack
+    // finishes its step, checkpoints every run at that step, and the sweep exits saying so;
+    // the same sweep again ends with the uninterrupted metrics.
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        let stopped = tmp.path().join("stopped");
+        let child = bin()
+            .arg("sweep")
+            .arg(&config)
+            .arg("--out")
+            .arg(&stopped)
+            .args(["--pack", "4"])
+            .process_group(0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        let probe = stopped.join("lambda=mlp_softmax,seed=4/checkpoints/latest");
+        loop {
+            let latest = fs::read_to_string(&probe).unwrap_or_default();
+            if latest.trim() >= "ckpt-00000030" || started.elapsed() > Duration::from_secs(300) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        // SAFETY: kill(2) of the process group the sweep leads.
+        assert_eq!(
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGTERM) },
+            0
+        );
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "the sweep finished before the signal: {err}"
+        );
+        assert!(err.contains("stopped by a signal"), "{err}");
+        let steps: Vec<String> = runs(&stopped)
+            .iter()
+            .map(|r| fs::read_to_string(r.join("checkpoints/latest")).unwrap())
+            .collect();
+        assert!(
+            steps.windows(2).all(|w| w[0] == w[1]) && steps[0].trim() >= "ckpt-00000030",
+            "every run checkpointed at the pack's step: {steps:?}"
+        );
+        sweep(&config, &stopped, 4);
+        for (a, b) in runs(&whole).iter().zip(&runs(&stopped)) {
+            assert_same_metrics(a, b, 0.0);
+        }
+    }
 }
 
 /// `--set key=[a, b]` on a swept key narrows the sweep to those values (a scalar pins it).
