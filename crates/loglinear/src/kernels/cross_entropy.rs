@@ -9,12 +9,13 @@
 //! Rows: `CUBE_POS_Y · CUBE_COUNT_X + CUBE_POS_X` (a 2-D grid, since some runtimes cap one
 //! grid axis at 65,535); [`CE_THREADS`] units stride over the vocabulary.
 //!
-//! Rows may be pitched (a row stride above `V`, unit column stride): the logits come straight
-//! from the head's product, whose rows CubeCL's CUDA allocator pads to an aligned pitch when `V`
-//! is odd (50,257), and the gradient is written with such a pitch too. Making them contiguous
-//! would copy the `[rows, V]` logits twice a step (≈ 3 ms each at the LM's size), and a GEMM
-//! reading rows of odd length cannot use its fast tensor-core kernels (the head's three
-//! products ran at 86–148 TFLOP/s with 50,257-element rows, bench/RESULTS.md session 9).
+//! Rows may be pitched (a row stride above their length, unit column stride): the logits come
+//! straight from the head's product, whose rows CubeCL's CUDA allocator pads to an aligned
+//! pitch when their bytes are not a multiple of the alignment, and the gradient is written with
+//! such a pitch too. Making them contiguous would copy the `[rows, V]` logits twice a step
+//! (≈ 3 ms each at the LM's size; bench/RESULTS.md session 9). Only the first `vocab` columns
+//! are scored: the head's output covers the vocabulary padded to a multiple of 64, and the
+//! padding's gradient is written as 0.
 
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn::tensor::{DType, Shape};

@@ -132,10 +132,11 @@ pub(crate) fn gemm(a: CubeTensor, b: CubeTensor) -> Result<CubeTensor, (CubeTens
     }
     let (client, device) = (a.client.clone(), a.device.clone());
     let (a, b) = (Operand::new(a), Operand::new(b));
-    // The device's own layout for a new tensor: on CUDA, rows of a length whose bytes are not a
-    // multiple of the alignment are pitched (padded) — the LM head's 50,257 logits per row. A
-    // product writing rows of odd length, or reading them in the backward, runs 4–8× slower on
-    // tensor cores than one with aligned rows (bench/RESULTS.md, session 9).
+    // The device's own layout for a new tensor, as every Burn op's output has it: on CUDA, rows
+    // whose bytes are not a multiple of the alignment are pitched (padded). Both the products
+    // (leading dimensions) and the loss kernels read such rows in place. (What made the LM
+    // head's products slow was not the pitch but the odd row length of 50,257 — the head now
+    // runs over a padded vocabulary, `nn::init::vocab_logits`.)
     let c = empty_device_dtype(client.clone(), device, shape, a.tensor.dtype);
     let (ldc, c_batch_stride) = {
         let s = c.meta.strides();
