@@ -363,6 +363,13 @@ pub fn save_checkpoint(
     Ok(())
 }
 
+/// The step of a run's latest complete checkpoint, if it has one.
+pub fn latest_checkpoint_step(run_dir: &Path) -> Result<Option<usize>> {
+    Ok(latest_checkpoint(run_dir)?
+        .and_then(|d| read_state(&d.join("state.json")).ok())
+        .map(|s| s.step))
+}
+
 /// The latest complete checkpoint of a run, if any; an error if it was not written by this run
 /// (see [`crate::run_dir`]).
 pub fn latest_checkpoint(run_dir: &Path) -> Result<Option<PathBuf>> {

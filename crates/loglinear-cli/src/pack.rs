@@ -260,9 +260,7 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
         if crate::stop::requested() {
             bar.abandon();
             for (i, r) in replicas.iter().enumerate() {
-                let latest = checkpoint::latest_checkpoint(&r.run.out)?
-                    .and_then(|d| checkpoint::read_state(&d.join("state.json")).ok())
-                    .map(|s| s.step);
+                let latest = checkpoint::latest_checkpoint_step(&r.run.out)?;
                 if r.active && r.state.step > 0 && latest != Some(r.state.step) {
                     checkpoint::save_checkpoint(
                         &r.run.out,
@@ -332,9 +330,7 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
                      kept in {}: lower train.lr or set train.grad_clip and resume",
                     loss_values[i],
                     r.state.step,
-                    checkpoint::latest_checkpoint(&r.run.out)?
-                        .and_then(|d| checkpoint::read_state(&d.join("state.json")).ok())
-                        .map_or(0, |s| s.step),
+                    checkpoint::latest_checkpoint_step(&r.run.out)?.unwrap_or(0),
                     checkpoint::checkpoint_root(&r.run.out).display()
                 ));
                 eprintln!(

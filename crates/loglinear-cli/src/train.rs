@@ -467,9 +467,7 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
     while state.step < t.steps && !state.stopped_early {
         if crate::stop::requested() {
             bar.abandon();
-            let latest = checkpoint::latest_checkpoint(out)?
-                .and_then(|d| checkpoint::read_state(&d.join("state.json")).ok())
-                .map(|s| s.step);
+            let latest = checkpoint::latest_checkpoint_step(out)?;
             if latest != Some(state.step) && state.step > 0 {
                 checkpoint::save_checkpoint(out, &model, &optim.replica_state(0), &state)?;
             }
@@ -504,9 +502,7 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
             bail!(
                 "the loss became {loss_value} at step {step}; stopping. The last good checkpoint \
                  (step {}) is kept in {}: lower train.lr or set train.grad_clip and resume",
-                checkpoint::latest_checkpoint(out)?
-                    .and_then(|d| checkpoint::read_state(&d.join("state.json")).ok())
-                    .map_or(0, |s| s.step),
+                checkpoint::latest_checkpoint_step(out)?.unwrap_or(0),
                 checkpoint::checkpoint_root(out).display()
             );
         }
