@@ -351,6 +351,9 @@ struct EvalArgs {
 }
 
 fn run_train(args: TrainArgs) -> Result<()> {
+    // Training commands stop at a step boundary on SIGTERM or Ctrl-C; the others keep the
+    // default action (a stop they never check for must not outlive `timeout`).
+    loglinear_cli::stop::install();
     let file = ConfigFile::load(&args.common.config, &args.common.set)?;
     if !file.sweep.is_empty() {
         anyhow::bail!(
@@ -442,6 +445,9 @@ fn run_eval(args: EvalArgs) -> Result<()> {
 }
 
 fn run_sweep(args: SweepArgs) -> Result<()> {
+    // Training commands stop at a step boundary on SIGTERM or Ctrl-C; the others keep the
+    // default action (a stop they never check for must not outlive `timeout`).
+    loglinear_cli::stop::install();
     let file = ConfigFile::load(&args.common.config, &args.common.set)?;
     let name = file
         .config()
@@ -474,6 +480,9 @@ fn run_sweep(args: SweepArgs) -> Result<()> {
 }
 
 fn run_train_pack(args: TrainPackArgs) -> Result<()> {
+    // Training commands stop at a step boundary on SIGTERM or Ctrl-C; the others keep the
+    // default action (a stop they never check for must not outlive `timeout`).
+    loglinear_cli::stop::install();
     let runs = args
         .runs
         .iter()
@@ -712,7 +721,6 @@ fn run_generate(args: GenerateArgs) -> Result<()> {
 fn main() {
     let cli = Cli::parse();
     loglinear_cli::kernel_cache::enable();
-    loglinear_cli::stop::install();
     let result: Result<()> = match cli.command {
         Command::Op(args) => op::run(args),
         Command::Train(args) => run_train(args),

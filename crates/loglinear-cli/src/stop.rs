@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 static REQUESTED: AtomicBool = AtomicBool::new(false);
 
-/// Catches SIGTERM and SIGINT from now on (Unix; elsewhere nothing changes).
+/// Catches SIGTERM and SIGINT from now on (Unix; elsewhere nothing changes). Only for commands
+/// whose loops call [`requested`]: any other would no longer stop on SIGTERM at all.
 pub fn install() {
     #[cfg(unix)]
     // SAFETY: the handler only stores to an atomic and resets a disposition, both

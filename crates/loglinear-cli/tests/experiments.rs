@@ -458,6 +458,37 @@ fn sigterm_checkpoints_the_step_and_resume_matches_an_uninterrupted_run() {
     );
 }
 
+/// Commands that do not train keep the default action of SIGTERM: a benchmark under `timeout`
+/// still ends at the limit (a caught signal that no loop checks would let it run on).
+#[cfg(unix)]
+#[test]
+fn sigterm_still_ends_a_command_that_does_not_train() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = bin()
+        .args([
+            "bench", "op", "--t", "65536", "--tokens", "65536", "--runs", "1000",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: a plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            child.kill().unwrap();
+            panic!("bench op ran on for 30 s after SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+}
+
 #[test]
 fn a_diverging_loss_stops_the_run_and_keeps_the_last_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
