@@ -262,12 +262,7 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
             for (i, r) in replicas.iter().enumerate() {
                 let latest = checkpoint::latest_checkpoint_step(&r.run.out)?;
                 if r.active && r.state.step > 0 && latest != Some(r.state.step) {
-                    checkpoint::save_checkpoint(
-                        &r.run.out,
-                        &replica_model(&packed, i),
-                        &optim.replica_state(i),
-                        &r.state,
-                    )?;
+                    save_replica_checkpoint(&packed, &optim, i, r)?;
                 }
             }
             bail!(
@@ -430,12 +425,7 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
             let s = r.state.step;
             let done = s >= cfg.train.steps || r.state.stopped_early;
             if s % cfg.train.checkpoint_every == 0 || done {
-                checkpoint::save_checkpoint(
-                    &r.run.out,
-                    &replica_model(&packed, i),
-                    &optim.replica_state(i),
-                    &r.state,
-                )?;
+                save_replica_checkpoint(&packed, &optim, i, r)?;
             }
             if done {
                 r.active = false;
@@ -496,6 +486,21 @@ fn prepare_folder(cfg: &ExperimentConfig, out: &std::path::Path) -> Result<()> {
 /// Replica `i` as the standalone model its run would have.
 fn replica_model(packed: &PackedSyntheticLm, i: usize) -> Model {
     Model::PaperSynthetic(packed.replica(i))
+}
+
+/// Writes replica `i`'s checkpoint (its weights, optimiser state and step) into its run folder.
+fn save_replica_checkpoint(
+    packed: &PackedSyntheticLm,
+    optim: &Adam,
+    i: usize,
+    r: &Replica,
+) -> Result<()> {
+    checkpoint::save_checkpoint(
+        &r.run.out,
+        &replica_model(packed, i),
+        &optim.replica_state(i),
+        &r.state,
+    )
 }
 
 /// Inputs and targets of training step `step` on the host, as `RunData::train_batch` draws them.

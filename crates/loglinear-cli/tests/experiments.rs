@@ -46,6 +46,20 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_loglinear"))
 }
 
+/// Waits until the checkpoint named in `latest` (a run's `checkpoints/latest`) is at least
+/// `at_least` (a `ckpt-NNNNNNNN` name), or until `limit` has passed: the point at which
+/// the interruption tests stop a run mid-way.
+fn wait_for_checkpoint(latest: &Path, at_least: &str, limit: Duration) {
+    let started = Instant::now();
+    loop {
+        let name = fs::read_to_string(latest).unwrap_or_default();
+        if name.trim() >= at_least || started.elapsed() > limit {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn write_config(dir: &Path, text: &str) -> PathBuf {
     let path = dir.join("config.toml");
     fs::write(&path, text).unwrap();
@@ -348,14 +362,11 @@ fn resume_after_sigkill_matches_an_uninterrupted_run() {
         .spawn()
         .unwrap();
     // Kill it once a checkpoint past the first one exists (or whenever it finishes).
-    let started = Instant::now();
-    loop {
-        let latest = fs::read_to_string(killed.join("checkpoints/latest")).unwrap_or_default();
-        if latest.trim() >= "ckpt-00000020" || started.elapsed() > Duration::from_secs(120) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_checkpoint(
+        &killed.join("checkpoints/latest"),
+        "ckpt-00000020",
+        Duration::from_secs(120),
+    );
     child.kill().unwrap(); // SIGKILL on Unix
     child.wait().unwrap();
     assert!(
@@ -416,14 +427,11 @@ fn sigterm_checkpoints_the_step_and_resume_matches_an_uninterrupted_run() {
         .spawn()
         .unwrap();
     // Signal once a checkpoint past the first one exists, between two periodic checkpoints.
-    let started = Instant::now();
-    loop {
-        let latest = fs::read_to_string(stopped.join("checkpoints/latest")).unwrap_or_default();
-        if latest.trim() >= "ckpt-00000020" || started.elapsed() > Duration::from_secs(120) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_checkpoint(
+        &stopped.join("checkpoints/latest"),
+        "ckpt-00000020",
+        Duration::from_secs(120),
+    );
     std::thread::sleep(Duration::from_millis(20));
     // SAFETY: a plain kill(2) of our own child.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);

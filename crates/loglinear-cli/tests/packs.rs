@@ -59,6 +59,20 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_loglinear"))
 }
 
+/// Waits until the checkpoint named in `latest` (a run's `checkpoints/latest`) is at least
+/// `at_least` (a `ckpt-NNNNNNNN` name), or until `limit` has passed: the point at which
+/// the interruption tests stop a run mid-way.
+fn wait_for_checkpoint(latest: &Path, at_least: &str, limit: Duration) {
+    let started = Instant::now();
+    loop {
+        let name = fs::read_to_string(latest).unwrap_or_default();
+        if name.trim() >= at_least || started.elapsed() > limit {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn run_ok(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -246,15 +260,11 @@ fn a_killed_pack_resumes_to_the_metrics_of_one_that_was_not() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let started = Instant::now();
-    let probe = killed.join("lambda=mlp_softmax,seed=4/checkpoints/latest");
-    loop {
-        let latest = fs::read_to_string(&probe).unwrap_or_default();
-        if latest.trim() >= "ckpt-00000030" || started.elapsed() > Duration::from_secs(300) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_checkpoint(
+        &killed.join("lambda=mlp_softmax,seed=4/checkpoints/latest"),
+        "ckpt-00000030",
+        Duration::from_secs(300),
+    );
     child.kill().unwrap(); // SIGKILL on Unix
     child.wait().unwrap();
     let resumed_from: Vec<usize> = runs(&killed)
@@ -298,15 +308,11 @@ fn a_killed_pack_resumes_to_the_metrics_of_one_that_was_not() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let started = Instant::now();
-        let probe = stopped.join("lambda=mlp_softmax,seed=4/checkpoints/latest");
-        loop {
-            let latest = fs::read_to_string(&probe).unwrap_or_default();
-            if latest.trim() >= "ckpt-00000030" || started.elapsed() > Duration::from_secs(300) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_for_checkpoint(
+            &stopped.join("lambda=mlp_softmax,seed=4/checkpoints/latest"),
+            "ckpt-00000030",
+            Duration::from_secs(300),
+        );
         std::thread::sleep(Duration::from_millis(20));
         // SAFETY: kill(2) of the process group the sweep leads.
         assert_eq!(

@@ -10,8 +10,9 @@
 use burn::prelude::*;
 use burn::tensor::DType;
 use loglinear::fenwick::num_levels;
+use loglinear::host::closeness;
 use loglinear::ops::Dims;
-use loglinear::testing::{check_fused, test_seed};
+use loglinear::testing::{assert_close, check_fused, test_seed};
 
 /// The first CUDA device in CUDA builds, else the default WGPU adapter (lavapipe in CI).
 fn device() -> Device {
@@ -337,14 +338,7 @@ fn cross_entropy_kernels_match_the_definition() {
         };
         let (nll, dx) = run(&|x, t| cross_entropy_rows(x, t));
         let (want_nll, want_dx) = run(&|x, t| reference_cross_entropy_rows(x, t));
-        let worst = |a: &[f64], b: &[f64]| {
-            let scale = b.iter().fold(1e-12f64, |m, v| m.max(v.abs()));
-            a.iter()
-                .zip(b)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0.0, f64::max)
-                / scale
-        };
+        let worst = |got: &[f64], want: &[f64]| closeness(want, got).max_rel;
         let (e_nll, e_dx) = (worst(&nll, &want_nll), worst(&dx, &want_dx));
         assert!(
             e_nll <= tol && e_dx <= tol && nll.iter().chain(&dx).all(|v| v.is_finite()),
@@ -374,26 +368,18 @@ fn cross_entropy_kernels_match_the_definition() {
     let want = reference_cross_entropy_rows(flat, targets.clone().reshape([b * t])).reshape([b, t]);
     let want_grads = (want.clone() * weights.clone()).sum().backward();
     let want_dx = wide.grad(&want_grads).expect("a gradient for the logits");
-    let (got, want) = (host(nll.detach()), host(want.detach()));
-    let scale_nll = want.iter().fold(1e-12f64, |m, v| m.max(v.abs()));
-    let e_nll = got
-        .iter()
-        .zip(&want)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f64::max)
-        / scale_nll;
-    let (got_dx, want_dx) = (host3(dx), host3(want_dx));
-    let scale = want_dx.iter().fold(1e-12f64, |m, v| m.max(v.abs()));
-    let e_dx = got_dx
-        .iter()
-        .zip(&want_dx)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f64::max)
-        / scale;
-    assert!(
-        e_nll <= 1e-5 && e_dx <= 1e-5,
-        "pitched [{b}, {t}, {vocab}] logits, seed {seed}: nll {e_nll:.1e}, dlogits {e_dx:.1e} \
-         (tolerance 1e-5)"
+    let (want, want_dx) = (host(want.detach()), host3(want_dx));
+    assert_close(
+        &format!("pitched [{b}, {t}, {vocab}] logits, seed {seed}: nll"),
+        &want,
+        &host(nll.detach()),
+        1e-5,
+    );
+    assert_close(
+        &format!("pitched [{b}, {t}, {vocab}] logits, seed {seed}: dlogits"),
+        &want_dx,
+        &host3(dx),
+        1e-5,
     );
     // The same logits handed over padded (`[B, T, V + 11]`, the first V columns scored, as the
     // LM head's output): the same values, the same gradient on the scored columns and exactly
@@ -414,25 +400,31 @@ fn cross_entropy_kernels_match_the_definition() {
             .grad(&grads)
             .expect("a gradient for the padded logits"),
     );
-    let got = host(nll.detach());
-    let e_nll = got
+    let what = format!("padded [{b}, {t}, {vocab} + 11] logits, seed {seed}");
+    assert_close(&format!("{what}: nll"), &want, &host(nll.detach()), 1e-5);
+    // The scored columns' gradient against the reference, the padding's exactly 0.
+    let (scored_dx, pad): (Vec<_>, Vec<_>) = dpadded
         .iter()
-        .zip(&want)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f64::max)
-        / scale_nll;
-    let (mut e_dx, mut pad_max) = (0.0f64, 0.0f64);
-    for (i, g) in dpadded.iter().enumerate() {
-        if i % (vocab + 11) < vocab {
-            e_dx = e_dx.max((g - want_dx[i]).abs() / scale);
-        } else {
-            pad_max = pad_max.max(g.abs());
-        }
-    }
+        .enumerate()
+        .partition(|(i, _)| i % (vocab + 11) < vocab);
+    let values = |v: Vec<(usize, &f64)>| v.into_iter().map(|(_, g)| *g).collect::<Vec<f64>>();
+    let want_scored: Vec<f64> = want_dx
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % (vocab + 11) < vocab)
+        .map(|(_, g)| *g)
+        .collect();
+    assert_close(
+        &format!("{what}: dlogits"),
+        &want_scored,
+        &values(scored_dx),
+        1e-5,
+    );
+    let pad = values(pad);
     assert!(
-        e_nll <= 1e-5 && e_dx <= 1e-5 && pad_max == 0.0,
-        "padded [{b}, {t}, {vocab} + 11] logits, seed {seed}: nll {e_nll:.1e}, dlogits \
-         {e_dx:.1e}, largest gradient on the padding {pad_max:e} (tolerance 1e-5, padding 0)"
+        pad.iter().all(|g| *g == 0.0),
+        "{what}: the padding's gradient is not 0 (largest {:e})",
+        pad.iter().fold(0.0f64, |m, g| m.max(g.abs()))
     );
 }
 
@@ -569,17 +561,14 @@ fn matrix_products_and_their_gradients_match_f64() {
                 ("dA", host(da), want_da),
                 ("dB", host(db), want_db),
             ] {
-                let scale = want.iter().fold(1e-12f64, |s, v| s.max(v.abs()));
-                let err = got
-                    .iter()
-                    .zip(&want)
-                    .map(|(x, y)| (x - y).abs())
-                    .fold(0.0, f64::max)
-                    / scale;
-                assert!(
-                    got.len() == want.len() && err <= tol,
-                    "{name} of {la:?}·{lb:?} ({m}×{k}·{k}×{n}, views {ta}/{tb}), {dtype:?}, seed \
-                     {seed}: max error {err:.1e} of the largest entry (tolerance {tol:.0e})"
+                assert_close(
+                    &format!(
+                        "{name} of {la:?}·{lb:?} ({m}×{k}·{k}×{n}, views {ta}/{tb}), {dtype:?}, \
+                         seed {seed}"
+                    ),
+                    &want,
+                    &got,
+                    tol,
                 );
             }
         }
@@ -640,17 +629,14 @@ fn matrix_products_and_their_gradients_match_f64() {
             ("dx", host(dx), want_dx),
             ("dW", host2(dw), want_dw),
         ] {
-            let scale = want.iter().fold(1e-12f64, |s, v| s.max(v.abs()));
-            let err = got
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f64::max)
-                / scale;
-            assert!(
-                got.len() == want.len() && err <= 1e-5,
-                "linear {name} (weight transposed: {transposed}, input pitched: {pitched}), seed \
-                 {seed}: max error {err:.1e} of the largest entry (tolerance 1e-5)"
+            assert_close(
+                &format!(
+                    "linear {name} (weight transposed: {transposed}, input pitched: {pitched}), \
+                     seed {seed}"
+                ),
+                &want,
+                &got,
+                1e-5,
             );
         }
     }
