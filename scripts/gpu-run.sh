@@ -18,7 +18,7 @@ mkdir -p "$out"
 # Without one, the committed cache (bench/cache/: the LM, MQAR packs and the Gated DeltaNet op;
 # four minutes of autotuning) is the start.
 cache_archive=bin-gpu/kernel-cache.tar.xz
-[[ -f $cache_archive ]] || cache_archive=bench/cache/h200-session8.tar.xz
+[[ -f $cache_archive ]] || cache_archive=bench/cache/h200.tar.xz
 if [[ -f $cache_archive && ! -d $LOGLINEAR_KERNEL_CACHE ]]; then
     mkdir -p "$LOGLINEAR_KERNEL_CACHE" && tar xJf "$cache_archive" -C "$LOGLINEAR_KERNEL_CACHE"
     echo "kernel cache restored from $cache_archive: $(du -sh "$LOGLINEAR_KERNEL_CACHE" | cut -f1)"
