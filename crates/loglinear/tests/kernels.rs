@@ -488,7 +488,10 @@ fn matrix_products_and_their_gradients_match_f64() {
     };
     // (leading axes of a, of b, m, k, n, a transposed view, b transposed view)
     type Case = ([usize; 2], [usize; 2], usize, usize, usize, bool, bool);
-    let cases: [Case; 7] = [
+    // The last three have f32 weight gradients cut by split-K (`kernels::gemm`): a batched
+    // `aᵀ · dC` over 2,048 rows in 4 parts, a shared weight's over 8 × 1,024 rows in 16, and
+    // 1,536 rows in 2 parts of 768.
+    let cases: [Case; 10] = [
         ([1, 1], [1, 1], 1, 7, 1, false, false),
         ([1, 1], [1, 1], 37, 64, 50, false, true),
         ([1, 1], [1, 1], 70, 33, 129, true, false),
@@ -496,6 +499,9 @@ fn matrix_products_and_their_gradients_match_f64() {
         ([2, 3], [2, 3], 20, 17, 9, true, true),
         ([4, 2], [1, 1], 5, 16, 8, false, false),
         ([1, 1], [3, 2], 6, 24, 200, true, false),
+        ([2, 3], [2, 3], 2048, 9, 16, false, false),
+        ([4, 2], [1, 1], 1024, 16, 8, false, false),
+        ([1, 1], [1, 1], 1536, 15, 64, false, false),
     ];
     let mut state = seed;
     for (dtype, tol) in [(DType::F32, 1e-5), (half, 2e-2)] {

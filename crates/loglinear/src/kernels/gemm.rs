@@ -17,7 +17,7 @@
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, TensorMetadata, backend_extension};
-use burn::tensor::Shape;
+use burn::tensor::{DType, Shape};
 use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -72,6 +72,10 @@ pub trait GemmKernels: Backend {
 impl GemmKernels for CubeBackend {
     fn gemm(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
         let _ = gemm_shape(a.meta.shape(), b.meta.shape());
+        let (a, b) = match split_k(a, b) {
+            Ok(c) => return c,
+            Err(operands) => operands,
+        };
         #[cfg(feature = "cublas")]
         let (a, b) = match super::cublas::gemm(a, b) {
             Ok(c) => return c,
@@ -85,6 +89,69 @@ impl GemmKernels for CubeBackend {
         let (a, c) = (all_rows(a), all_rows(c));
         Self::gemm(Cb::float_swap_dims(a, 1, 2), c)
     }
+}
+
+/// Output tiles of a product are about this many elements on a side (cuBLAS's smallest tiles
+/// for these shapes); a card of 132 multiprocessors wants a few hundred of them.
+const SPLIT_K_TILE: usize = 64;
+/// A split product is cut until it has about this many output tiles (two per multiprocessor of
+/// the H200), while each part keeps at least [`SPLIT_K_MIN_ROWS`] rows of its reduction.
+const SPLIT_K_TILES: usize = 264;
+const SPLIT_K_MIN_ROWS: usize = 512;
+
+/// Split-K for `aᵀ · c` in f32 with a long reduction and a small output — the weight gradients
+/// of the packed synthetic models (`24 × [64×16384]ᵀ · [16384×64]`) and of the λ-MLP (`[15 ×
+/// 262144]ᵀ · [262144 × 64]`): cuBLAS ran them as one output tile per product, a handful of
+/// multiprocessors busy, at 1–7 TFLOP/s (bench/RESULTS.md, session 9). Here the reduction's `R`
+/// rows are cut into `S` parts, run as one product over a batch `S` times larger (views: no
+/// copy), and the `S` partial results summed in f32. Only for f32: half-precision partial
+/// results would be rounded before the sum. `Err` gives the operands back where the shape or
+/// layout does not call for it.
+///
+/// Shapes: `a: [Z, K, R]` a transposed view (of rows `[Z, R, K]` at one pitch), `b: [Z, R, N]`
+/// rows at one pitch → `[Z, K, N]`.
+#[allow(clippy::result_large_err)]
+fn split_k(a: CubeTensor, b: CubeTensor) -> Result<CubeTensor, (CubeTensor, CubeTensor)> {
+    let ([z, k, r], [zb, rb, n]) = (a.meta.shape().dims::<3>(), b.meta.shape().dims::<3>());
+    if a.dtype != DType::F32 || b.dtype != DType::F32 || z != zb || r != rb {
+        return Err((a, b));
+    }
+    let tiles = z * k.div_ceil(SPLIT_K_TILE) * n.div_ceil(SPLIT_K_TILE);
+    let mut parts = 1;
+    while tiles * parts * 2 <= SPLIT_K_TILES
+        && r % (parts * 2) == 0
+        && r / (parts * 2) >= SPLIT_K_MIN_ROWS
+    {
+        parts *= 2;
+    }
+    if parts == 1 {
+        return Err((a, b));
+    }
+    // a: [Z, K, R] with unit stride along K and pitch p between its R rows; b: [Z, R, N] with
+    // unit stride along N and pitch q; each batch right after the previous one's rows.
+    let untiled = |t: &CubeTensor| t.meta.tiling == Default::default();
+    let (sa, sb) = (a.meta.strides().to_vec(), b.meta.strides().to_vec());
+    let a_rows = untiled(&a) && sa[1] == 1 && sa[2] >= k && (z == 1 || sa[0] == r * sa[2]);
+    let b_rows = untiled(&b) && sb[2] == 1 && sb[1] >= n && (z == 1 || sb[0] == r * sb[1]);
+    if !(a_rows && b_rows) {
+        return Err((a, b));
+    }
+    let (rows, batch) = (r / parts, z * parts);
+    let view = |mut t: CubeTensor, shape: [usize; 3], strides: [usize; 3]| {
+        *t.meta = cubecl::zspace::metadata::Metadata::new(
+            Shape::new(shape),
+            cubecl::zspace::Strides::new(&strides),
+        );
+        t
+    };
+    let a = view(a, [batch, k, rows], [rows * sa[2], 1, sa[2]]);
+    let b = view(b, [batch, rows, n], [rows * sb[1], sb[1], 1]);
+    let partial = <CubeBackend as GemmKernels>::gemm(a, b); // [Z·S, K, N], no further split
+    let partial = Cb::float_reshape(partial, Shape::new([z, parts, k, n]));
+    Ok(Cb::float_reshape(
+        Cb::float_sum_dim(partial, 1),
+        Shape::new([z, k, n]),
+    ))
 }
 
 /// `t: [batch, M, C]` as `[1, batch · M, C]`: a view where its rows follow each other at one
