@@ -647,3 +647,153 @@ fn matrix_products_and_their_gradients_match_f64() {
         }
     }
 }
+
+#[test]
+fn attention_softmax_kernels_match_the_definition() {
+    use burn::tensor::Distribution;
+    use loglinear::kernels::attention_softmax;
+    let seed = test_seed(13);
+    let device = device().autodiff();
+    let half = if cfg!(feature = "cuda") {
+        DType::BF16
+    } else {
+        DType::F16
+    };
+    // (leading axes, queries, keys, past): square causal problems at awkward lengths (rows
+    // longer than the kernels' 128 units), one query after a cache (decoding), a chunk after a
+    // cache, and a block that sees every key (past ≥ keys).
+    let cases: [([usize; 2], usize, usize, usize); 9] = [
+        ([2, 3], 1, 1, 0),
+        ([2, 3], 7, 7, 0),
+        ([1, 2], 63, 63, 0),
+        ([2, 1], 70, 70, 0),
+        ([1, 1], 200, 200, 0),
+        ([2, 2], 1, 65, 64),
+        ([1, 3], 5, 12, 7),
+        ([2, 1], 3, 9, 9),
+        ([1, 1], 4, 300, 296),
+    ];
+    // Probabilities in half precision are rounded to 2⁻¹¹ (f16; bf16 2⁻⁸), and so is the
+    // gradient that comes back to them.
+    let half_tol = if cfg!(feature = "cuda") { 3e-2 } else { 5e-3 };
+    for (dtype, tol) in [(DType::F32, 1e-5), (half, half_tol)] {
+        for (i, (lead, queries, keys, past)) in cases.into_iter().enumerate() {
+            device.seed(seed.wrapping_add(i as u64));
+            let what =
+                format!("{lead:?} × [{queries}, {keys}], past {past}, {dtype:?}, seed {seed}");
+            let shape = [lead[0], lead[1], queries, keys];
+            let rows = lead[0] * lead[1] * queries;
+            let scale = 0.125f32;
+            // Scores of attention scale (scale · |x| up to ~3) so the softmax is far from uniform.
+            let scores = Tensor::<4>::random(shape, Distribution::Normal(0.0, 8.0), &device)
+                .cast(dtype)
+                .detach()
+                .require_grad();
+            let w = Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), &device).detach();
+            let host = |t: Tensor<4>| -> Vec<f64> {
+                t.into_data().convert::<f64>().iter::<f64>().collect()
+            };
+            let (hs, hw) = (host(scores.clone().detach()), host(w.clone()));
+            let probs = attention_softmax(&scores, scale, past).expect("a CubeCL device");
+            let grads = (probs.clone().cast(DType::F32) * w).sum().backward();
+            let ds = host(scores.grad(&grads).expect("a gradient for the scores"));
+            let probs = host(probs.detach());
+            // f64 definition, row by row: query q sees keys 0..=past + q.
+            let (mut want_p, mut want_ds) = (vec![0.0; rows * keys], vec![0.0; rows * keys]);
+            for r in 0..rows {
+                let visible = (past + r % queries + 1).min(keys);
+                let row = r * keys..r * keys + visible;
+                let x: Vec<f64> = hs[row.clone()].iter().map(|s| s * scale as f64).collect();
+                let m = x.iter().cloned().fold(f64::MIN, f64::max);
+                let z: f64 = x.iter().map(|v| (v - m).exp()).sum();
+                let p: Vec<f64> = x.iter().map(|v| (v - m).exp() / z).collect();
+                let dot: f64 = p.iter().zip(&hw[row.clone()]).map(|(p, w)| p * w).sum();
+                for (j, p) in p.iter().enumerate() {
+                    want_p[r * keys + j] = *p;
+                    want_ds[r * keys + j] = scale as f64 * p * (hw[r * keys + j] - dot);
+                }
+            }
+            assert_close(&format!("{what}: probabilities"), &want_p, &probs, tol);
+            if want_ds.iter().all(|g| *g == 0.0) {
+                // One visible key per row: the probability is 1 whatever the score, so the
+                // gradient is exactly 0.
+                assert!(
+                    ds.iter().all(|g| g.abs() <= 1e-6),
+                    "{what}: gradient {ds:?}"
+                );
+            } else {
+                assert_close(&format!("{what}: score gradient"), &want_ds, &ds, tol);
+            }
+            // Masked keys: probability and gradient exactly 0.
+            let masked = (0..rows * keys)
+                .filter(|i| i % keys >= (past + (i / keys) % queries + 1).min(keys));
+            for i in masked {
+                assert!(
+                    probs[i] == 0.0 && ds[i] == 0.0,
+                    "{what}: masked entry {i} has probability {} and gradient {}",
+                    probs[i],
+                    ds[i]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn transformer_on_the_kernels_matches_burn_attention_on_the_cpu() {
+    use burn::module::Module;
+    use loglinear::nn::TransformerConfig;
+    // The Transformer baseline on a CubeCL device runs its attention as cuBLAS/CubeCL products
+    // and the softmax kernels; on the CPU as Burn's attention. Same weights, same tokens: same
+    // logits, same gradient of the weights, and decoding through the key/value cache (one
+    // query after a cache, a chunk after a cache) equal to the full forward.
+    let seed = test_seed(17);
+    let cfg = TransformerConfig {
+        max_seq_len: 96,
+        initializer_range: 0.2,
+        ..TransformerConfig::new(41, 24, 2, 3)
+    };
+    let cpu = Device::flex().autodiff();
+    let gpu = device().autodiff();
+    let model = cfg.init(seed, &cpu);
+    let model_gpu = model.clone().fork(&gpu);
+    let (b, t) = (2, 70);
+    let tokens = loglinear::testing::random_tokens(b, t, 41, seed, &Device::flex());
+    let host =
+        |t: Tensor<3>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+    let host2 =
+        |t: Tensor<2>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+    let run = |m: &loglinear::nn::TransformerLm, device: &Device| {
+        let logits = m.run(tokens.clone().to_device(device));
+        let w = Tensor::<3>::ones(logits.dims(), device).mul_scalar(0.01)
+            + logits.clone().detach().sin();
+        let grads = (logits.clone() * w).sum().backward();
+        let qkv = &m.blocks[0].attn.qkv.linear.weight;
+        let dqkv = qkv
+            .grad(&grads)
+            .expect("a gradient for the first qkv weight");
+        (host(logits.detach()), host2(dqkv))
+    };
+    let (want_logits, want_dqkv) = run(&model, &cpu);
+    let (logits, dqkv) = run(&model_gpu, &gpu);
+    assert_close(&format!("seed {seed}: logits"), &want_logits, &logits, 1e-4);
+    assert_close(&format!("seed {seed}: dW_qkv"), &want_dqkv, &dqkv, 1e-3);
+
+    let model_gpu = model_gpu.valid();
+    let tokens = tokens.to_device(&device());
+    let full = host(model_gpu.run(tokens.clone()));
+    let (prefix, mut state) = model_gpu.prefill(tokens.clone().narrow(1, 0, 20));
+    let chunk = model_gpu.extend(tokens.clone().narrow(1, 20, 30), &mut state);
+    let mut parts = vec![prefix, chunk];
+    for i in 50..t {
+        let token = tokens.clone().narrow(1, i, 1).squeeze_dim::<1>(1);
+        parts.push(model_gpu.step(token, &mut state).unsqueeze_dim(1));
+    }
+    let stepped = host(Tensor::cat(parts, 1));
+    assert_close(
+        &format!("seed {seed}: prefill + chunk + steps vs full"),
+        &full,
+        &stepped,
+        1e-4,
+    );
+}

@@ -18,11 +18,13 @@
 //! padding's gradient is written as 0.
 
 use burn::backend::cubecl::dtype_to_storage_type;
-use burn::tensor::{DType, Shape};
+use burn::tensor::DType;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, empty_device_dtype};
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
+
+use super::rows::{row_grid, row_pitch, rows_and_width, rows_of};
 
 // The running maximum starts at the lowest finite f32, a stand-in for −∞: `e^{MIN−x}` is 0 like
 // `e^{−∞}`, and two empty partial sums merge to 0 instead of `0 · e^{−∞+∞} = NaN`.
@@ -136,50 +138,6 @@ pub fn ce_backward_kernel<E: Float, I: Int>(
 /// Units per cube of the cross-entropy kernels (one cube per row of logits).
 pub const CE_THREADS: usize = 256;
 
-/// One cube per row, on a 2-D grid: some runtimes cap a grid axis at 65,535 cubes.
-fn row_grid(rows: usize) -> CubeCount {
-    let x = rows.clamp(1, 65_535);
-    CubeCount::Static(x as u32, rows.div_ceil(x) as u32, 1)
-}
-
-/// `[rows, V]` of `shape = [..., V]`: the leading axes are the rows.
-fn rows_and_vocab(shape: &Shape) -> (usize, usize) {
-    let dims = shape.as_slice();
-    let vocab = *dims.last().expect("cross-entropy: logits of rank ≥ 1");
-    (dims[..dims.len() - 1].iter().product(), vocab)
-}
-
-/// The row pitch of a tensor `[..., V]` whose rows (all leading axes together) follow each other
-/// at one stride with unit column stride — contiguous, or pitched by the allocator — or `None`.
-fn row_pitch(t: &CubeTensor) -> Option<usize> {
-    let shape = t.meta.shape().as_slice();
-    let s = t.meta.strides();
-    let rank = shape.len();
-    let (rows, vocab) = rows_and_vocab(t.meta.shape());
-    if t.meta.tiling != Default::default() || rank < 2 || (s[rank - 1] != 1 && vocab > 1) {
-        return None;
-    }
-    if rows <= 1 {
-        return Some(vocab);
-    }
-    let pitch = s[rank - 2];
-    // Each leading axis steps over the whole of the axes after it (unit axes step anywhere).
-    let uniform = (0..rank - 2).all(|i| shape[i] == 1 || s[i] == shape[i + 1] * s[i + 1]);
-    (uniform && pitch >= vocab).then_some(pitch)
-}
-
-/// `t` as rows at one pitch (see [`row_pitch`]) and that pitch; a contiguous copy for any other
-/// layout.
-fn rows_of(t: CubeTensor) -> (CubeTensor, usize) {
-    match row_pitch(&t) {
-        Some(pitch) => (t, pitch),
-        None => {
-            let vocab = rows_and_vocab(t.meta.shape()).1;
-            (into_contiguous(t), vocab)
-        }
-    }
-}
-
 /// `vocab` checked against the logits' stored width.
 fn scored_columns(vocab: usize, stored: usize) -> usize {
     assert!(
@@ -197,7 +155,7 @@ pub fn cross_entropy(
     targets: CubeTensor,
     vocab: usize,
 ) -> (CubeTensor, CubeTensor) {
-    let (rows, stored) = rows_and_vocab(logits.meta.shape());
+    let (rows, stored) = rows_and_width(logits.meta.shape());
     let vocab = scored_columns(vocab, stored);
     let (logits, pitch) = rows_of(logits);
     let (client, device) = (logits.client.clone(), logits.device.clone());
@@ -243,7 +201,7 @@ pub fn cross_entropy_backward(
     grad: CubeTensor,
     vocab: usize,
 ) -> CubeTensor {
-    let (rows, stored) = rows_and_vocab(logits.meta.shape());
+    let (rows, stored) = rows_and_width(logits.meta.shape());
     let vocab = scored_columns(vocab, stored);
     let shape = logits.meta.shape().clone();
     let (client, device, dtype) = (logits.client.clone(), logits.device.clone(), logits.dtype);

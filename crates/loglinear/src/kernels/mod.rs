@@ -1,12 +1,15 @@
 //! CubeCL kernels outside the core op (whose fused form lives in [`crate::ops::fused`]): the
-//! softmax cross-entropy of the language model's loss ([`cross_entropy`]), batched matrix
+//! softmax cross-entropy of the language model's loss ([`cross_entropy`]), the softmax of the
+//! Transformer baseline's attention ([`attention`]), batched matrix
 //! products with their backward ([`gemm`]; on cuBLAS on CUDA devices with the `cublas`
 //! feature), and what the crate asks of CubeCL devices.
 
+pub mod attention;
 pub mod cross_entropy;
 #[cfg(feature = "cublas")]
 mod cublas;
 pub mod gemm;
+mod rows;
 
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::{FloatTensor, IntTensor};
@@ -168,6 +171,139 @@ pub fn softmax_cross_entropy<const D: usize, const DT: usize>(
         vocab,
     );
     Some(Tensor::from_dispatch(nll))
+}
+
+/// The softmax of causal attention scores as two CubeCL kernels with their own backward
+/// ([`attention`]): the entry point is [`attention_softmax`].
+#[backend_extension(Cube, Fusion: cfg(feature = "fusion"), Autodiff)]
+pub trait AttentionKernels: Backend {
+    /// `softmax(scale · scores)` over the last axis, query `i` (second-to-last axis) seeing keys
+    /// `0 ..= past + i` (0 for the others), in the dtype of `scores` (computed in f32).
+    #[fusion(dtype = scores, shape = scores)]
+    fn causal_softmax(scores: FloatTensor<Self>, scale: f32, past: usize) -> FloatTensor<Self>;
+
+    /// The gradient of [`Self::causal_softmax`]'s input from its output `probs` and the output's
+    /// gradient `grad`.
+    #[fusion(dtype = probs, shape = probs)]
+    fn causal_softmax_backward(
+        probs: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        scale: f32,
+        past: usize,
+    ) -> FloatTensor<Self>;
+}
+
+impl AttentionKernels for CubeBackend {
+    fn causal_softmax(scores: FloatTensor<Self>, scale: f32, past: usize) -> FloatTensor<Self> {
+        attention::causal_softmax(scores, scale, past)
+    }
+
+    fn causal_softmax_backward(
+        probs: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        scale: f32,
+        past: usize,
+    ) -> FloatTensor<Self> {
+        attention::causal_softmax_backward(probs, grad, scale, past)
+    }
+}
+
+impl<B: Backend + AttentionKernels, C: CheckpointStrategy> AttentionKernels for Autodiff<B, C> {
+    fn causal_softmax(scores: FloatTensor<Self>, scale: f32, past: usize) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct SoftmaxBackward;
+
+        impl<B: Backend + AttentionKernels> Backward<B, 1> for SoftmaxBackward {
+            type State = (FloatTensor<B>, f32, usize);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 1>,
+                grads: &mut Gradients,
+                _checkpointer: &mut Checkpointer,
+            ) {
+                let grad = grads.consume::<B>(&ops.node);
+                let (probs, scale, past) = ops.state;
+                if let [Some(node)] = ops.parents {
+                    let d = B::causal_softmax_backward(probs, grad, scale, past);
+                    grads.register::<B>(node.id, d);
+                }
+            }
+        }
+
+        let node = scores.node();
+        let probs = B::causal_softmax(scores.into_primitive(), scale, past);
+        match SoftmaxBackward
+            .prepare::<C>([node])
+            .compute_bound()
+            .stateful()
+        {
+            // The backward needs only the output (which the next product keeps anyway).
+            OpsKind::Tracked(prep) => prep.finish((probs.clone(), scale, past), probs),
+            OpsKind::UnTracked(prep) => prep.finish(probs),
+        }
+    }
+
+    fn causal_softmax_backward(
+        probs: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        scale: f32,
+        past: usize,
+    ) -> FloatTensor<Self> {
+        // Not itself differentiable: a constant.
+        <Self as AutodiffBackend>::from_inner(B::causal_softmax_backward(
+            probs.into_primitive(),
+            grad.into_primitive(),
+            scale,
+            past,
+        ))
+    }
+}
+
+/// `softmax(scale · scores)` over the last axis with query `i` seeing keys `0 ..= past + i`
+/// (probabilities of the others 0), by the kernels above on a CubeCL device (`None` elsewhere:
+/// the caller uses tensor ops). `past ≥ keys` masks nothing.
+///
+/// # Shapes
+/// `scores: [..., queries, keys]` → the same.
+pub fn attention_softmax<const D: usize>(
+    scores: &Tensor<D>,
+    scale: f32,
+    past: usize,
+) -> Option<Tensor<D>> {
+    if !is_cube_device(&scores.device()) {
+        return None;
+    }
+    let probs = <burn::backend::Dispatch as AttentionKernels>::causal_softmax(
+        scores.clone().into_dispatch(),
+        scale,
+        past,
+    );
+    Some(Tensor::from_dispatch(probs))
+}
+
+/// The plain tensor version of [`attention_softmax`], on any device: the definition the kernels
+/// are tested against.
+///
+/// # Shapes
+/// `scores: [..., queries, keys]` → the same.
+pub fn attention_softmax_reference<const D: usize>(
+    scores: Tensor<D>,
+    scale: f32,
+    past: usize,
+) -> Tensor<D> {
+    let dims = scores.dims();
+    let (queries, keys) = (dims[D - 2], dims[D - 1]);
+    let device = scores.device();
+    // Key j is hidden from query i when j > past + i (`tril_mask` is true above that diagonal).
+    let hidden = Tensor::<2, Bool>::tril_mask([queries, keys], past as i64, &device);
+    let mut shape = [1; D];
+    shape[D - 2] = queries;
+    shape[D - 1] = keys;
+    let hidden = hidden.reshape(shape).expand(dims);
+    let x = (scores.cast(burn::tensor::DType::F32) * scale)
+        .mask_fill(hidden.clone(), f32::NEG_INFINITY);
+    burn::tensor::activation::softmax(x, D - 1).mask_fill(hidden, 0.0)
 }
 
 /// Whether `device` runs CubeCL kernels (directly or under autodiff).

@@ -237,6 +237,30 @@ impl CausalSelfAttention {
             None => (k, v),
         };
         let past = keys.dims()[2] - t;
+        let o = Self::attend(q, keys.clone(), values.clone(), past); // [B, H, T, hd]
+        *cache = Some(KvCache { keys, values });
+        self.out.forward(o.swap_dims(1, 2).reshape([b, t, d]))
+    }
+
+    /// `softmax(q kᵀ / √head_dim + causal mask) v` with query `i` at position `past + i` seeing
+    /// keys `0 ..= past + i`. On CubeCL devices the two products run on
+    /// [`crate::linalg::matmul`] (cuBLAS on CUDA) and the softmax is one kernel each way
+    /// ([`crate::kernels::attention`]; Burn's attention under autodiff is a dozen separate ops
+    /// over the `[B, H, T, T]` scores); elsewhere it is Burn's `attention`.
+    ///
+    /// # Shapes
+    /// `q: [B, H, T, hd]`, `keys, values: [B, H, past + T, hd]` → `[B, H, T, hd]`.
+    fn attend(q: Tensor<4>, keys: Tensor<4>, values: Tensor<4>, past: usize) -> Tensor<4> {
+        let [b, h, t, hd] = q.dims();
+        #[cfg(feature = "kernels")]
+        if crate::kernels::is_cube_device(&q.device()) {
+            use crate::linalg::matmul;
+            let scores = matmul(q.clone(), keys.clone().swap_dims(2, 3)); // [B, H, T, past + T]
+            let scale = (hd as f32).powf(-0.5);
+            if let Some(probs) = crate::kernels::attention_softmax(&scores, scale, past) {
+                return matmul(probs, values);
+            }
+        }
         // Query i sits at position past + i and sees keys 0..=past + i. A square problem uses
         // the backend's causal mode; a chunk after a cache gets the explicit mask (kernels differ
         // in how they align `is_causal` when there are more keys than queries); one query sees
@@ -256,9 +280,7 @@ impl CausalSelfAttention {
             is_causal,
             ..Default::default()
         };
-        let o = attention(q, keys.clone(), values.clone(), mask, None, options); // [B, H, T, hd]
-        *cache = Some(KvCache { keys, values });
-        self.out.forward(o.swap_dims(1, 2).reshape([b, t, d]))
+        attention(q, keys, values, mask, None, options)
     }
 }
 
