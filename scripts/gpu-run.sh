@@ -186,7 +186,8 @@ train-step:*)
     step "bench train T=$len batch $batch, ${MODES:-linear,mlp_softplus}, with the check and a profile"
     timeout $(left ${STEP_TIMEOUT:-300}) $bin bench train --device cuda --runs 10 --seq-len $len --batch $batch \
         --modes ${MODES:-linear,mlp_softplus} --profile 3 2>&1 | grep -v "Fastest result" \
-        | tee "$out/train_step_${len}x${batch}.txt" | grep -E "^check|^\| |^profiled|rror|panic"
+        | tee "$out/train_step_${len}x${batch}_$(tr , _ <<< "${MODES:-linear,mlp_softplus}").txt" \
+        | grep -E "^check|^\| (log|trans)|^profiled|rror|panic"
     ;;
 train-modes:*)
     # Every λ mode and the Transformer at one setting, warm cache of the given autotune level.
@@ -241,9 +242,12 @@ grid:*)
     # the runs' folders come back as grid-T-*.tar parts (checkpoints included, best models of
     # K = 32 only) and, put in bin-gpu/ and carried, are restored before the sweep (finished
     # runs are skipped, the others resume from their last checkpoint).
+    # SEEDS="3, 4, 5" replaces the seed axis (more seeds of the same 72-run grid).
     IFS=: read -r _ len steps <<< "$s"
     steps=${steps:-5000}
-    sed 's/^early_stop_acc = .*/early_stop_acc = false/' experiments/mqar_paper_sweep.toml > /tmp/grid.toml
+    sed 's/^early_stop_acc = .*/early_stop_acc = false/' experiments/mqar_paper_sweep.toml |
+        sed "s/^seed = \[.*\]/seed = [${SEEDS:-0, 1, 2}]/" > /tmp/grid.toml
+    grep '^seed = \[' /tmp/grid.toml
     dir=/tmp/grid/T$len; mkdir -p /tmp/grid
     shopt -s nullglob
     parts=(bin-gpu/grid-$len-*.tar)

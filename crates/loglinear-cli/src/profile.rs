@@ -192,6 +192,9 @@ pub fn family(kernel: &str) -> &'static str {
     let has = |words: &[&str]| words.iter().any(|w| k.contains(w));
     if has(&["cross_entropy", "ceforward", "cebackward"]) {
         "softmax cross-entropy (fused kernels)"
+    } else if has(&["causal_softmax", "causalsoftmax"]) {
+        // Before the log-linear op's `causal` kernels: the Transformer's attention softmax.
+        "attention softmax (fused kernels)"
     } else if has(&["causal", "tensor_core", "mamba2"]) {
         "log-linear op (fused kernels)"
     } else if has(&["matmul", "gemm", "cmma", "mma"]) {
@@ -343,6 +346,10 @@ mod tests {
         assert_eq!(
             family("loglinear::ops::fused::backward::AnticausalBackwardKernel<f32, f32>"),
             "log-linear op (fused kernels)"
+        );
+        assert_eq!(
+            family("loglinear::kernels::attention::CausalSoftmaxBackwardKernel<bf16>"),
+            "attention softmax (fused kernels)"
         );
         assert_eq!(family("something_unknown"), "other");
         assert_eq!(short_name("a::b::c<d::e>"), "c<d::e>");

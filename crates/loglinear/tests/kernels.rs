@@ -797,3 +797,164 @@ fn transformer_on_the_kernels_matches_burn_attention_on_the_cpu() {
         1e-4,
     );
 }
+
+/// The λ-MLP in f64 on the host, row by row (`dl: [rows, L]`, `w1: [L, H]`, `w2: [H, L]`), and
+/// the gradients of `Σ λ ⊙ g`: `[λ, ddl, dW1, db1, dW2, db2]`. `gelu` is exact (erf).
+#[allow(clippy::too_many_arguments)]
+fn host_lambda_mlp(
+    dl: &[f64],
+    w1: &[f64],
+    b1: &[f64],
+    w2: &[f64],
+    b2: &[f64],
+    g: &[f64],
+    levels: usize,
+    softmax: bool,
+) -> [Vec<f64>; 6] {
+    let hidden = b1.len();
+    let rows = dl.len() / levels;
+    let phi = |z: f64| 0.5 * (1.0 + libm::erf(z * std::f64::consts::FRAC_1_SQRT_2));
+    let density = |z: f64| (-0.5 * z * z).exp() / (2.0 * std::f64::consts::PI).sqrt();
+    let mut out = [
+        vec![0.0; rows * levels],
+        vec![0.0; rows * levels],
+        vec![0.0; levels * hidden],
+        vec![0.0; hidden],
+        vec![0.0; hidden * levels],
+        vec![0.0; levels],
+    ];
+    for r in 0..rows {
+        let x = &dl[r * levels..(r + 1) * levels];
+        let gr = &g[r * levels..(r + 1) * levels];
+        let pre: Vec<f64> = (0..hidden)
+            .map(|j| b1[j] + (0..levels).map(|i| x[i] * w1[i * hidden + j]).sum::<f64>())
+            .collect();
+        let h: Vec<f64> = pre.iter().map(|&z| z * phi(z)).collect();
+        let y: Vec<f64> = (0..levels)
+            .map(|k| b2[k] + (0..hidden).map(|j| h[j] * w2[j * levels + k]).sum::<f64>())
+            .collect();
+        let dy: Vec<f64> = if softmax {
+            let m = y.iter().cloned().fold(f64::MIN, f64::max);
+            let z: f64 = y.iter().map(|v| (v - m).exp()).sum();
+            let p: Vec<f64> = y.iter().map(|v| (v - m).exp() / z).collect();
+            let dot: f64 = p.iter().zip(gr).map(|(p, g)| p * g).sum();
+            out[0][r * levels..(r + 1) * levels].copy_from_slice(&p);
+            p.iter().zip(gr).map(|(p, g)| p * (g - dot)).collect()
+        } else {
+            for k in 0..levels {
+                out[0][r * levels + k] = y[k].max(0.0) + (-y[k].abs()).exp().ln_1p();
+            }
+            y.iter()
+                .zip(gr)
+                .map(|(y, g)| g / (1.0 + (-y).exp()))
+                .collect()
+        };
+        let dpre: Vec<f64> = (0..hidden)
+            .map(|j| {
+                let dh: f64 = (0..levels).map(|k| w2[j * levels + k] * dy[k]).sum();
+                dh * (phi(pre[j]) + pre[j] * density(pre[j]))
+            })
+            .collect();
+        for i in 0..levels {
+            out[1][r * levels + i] = (0..hidden).map(|j| w1[i * hidden + j] * dpre[j]).sum();
+            for j in 0..hidden {
+                out[2][i * hidden + j] += x[i] * dpre[j];
+            }
+        }
+        for j in 0..hidden {
+            out[3][j] += dpre[j];
+            for k in 0..levels {
+                out[4][j * levels + k] += h[j] * dy[k];
+            }
+        }
+        for k in 0..levels {
+            out[5][k] += dy[k];
+        }
+    }
+    out
+}
+
+#[test]
+fn lambda_mlp_kernels_match_f64() {
+    use burn::module::Param;
+    use burn::tensor::Distribution;
+    use loglinear::nn::{LambdaMlp, LambdaMode};
+    // The λ-MLP as kernels ([`loglinear::kernels::fused_lambda_mlp`]) against f64 on the host:
+    // λ and the gradients of dl and of all four weights; rows that are not a multiple of the
+    // kernels' 32, a single row, the published level count and hidden width (15, 64) and small
+    // ones; both heads; random weights (the identity init's W2 = 0 would hide dW1). The tensor
+    // version (`LambdaMlp::logits`, `head`) is held to the same reference.
+    let seed = test_seed(19);
+    let device = device().autodiff();
+    let cases: [([usize; 3], usize, usize); 5] = [
+        ([1, 1, 1], 15, 64),
+        ([2, 7, 3], 15, 64),
+        ([1, 70, 8], 15, 64),
+        ([3, 200, 2], 5, 8),
+        ([2, 63, 1], 9, 24),
+    ];
+    for (c, (lead, levels, hidden)) in cases.into_iter().enumerate() {
+        for mode in [LambdaMode::MlpSoftplus, LambdaMode::MlpSoftmax] {
+            let softmax = mode == LambdaMode::MlpSoftmax;
+            device.seed(seed.wrapping_add(c as u64 * 2 + softmax as u64));
+            let what = format!("{lead:?} × {levels} levels, hidden {hidden}, {mode}, seed {seed}");
+            let normal = |s: f64| Distribution::Normal(0.0, s);
+            let param2 = |d: [usize; 2], s: f64| {
+                Param::from_tensor(Tensor::<2>::random(d, normal(s), &device).detach())
+            };
+            let param1 = |d: usize, s: f64| {
+                Param::from_tensor(Tensor::<1>::random([d], normal(s), &device).detach())
+            };
+            let mlp = LambdaMlp {
+                w1: param2([levels, hidden], 0.5),
+                b1: param1(hidden, 0.3),
+                w2: param2([hidden, levels], 0.3),
+                b2: param1(levels, 0.3),
+            };
+            let shape = [lead[0], lead[1], lead[2], levels];
+            let dl = Tensor::<4>::random(shape, normal(1.5), &device).detach();
+            let g = Tensor::<4>::random(shape, normal(1.0), &device).detach();
+            fn host<const D: usize>(t: Tensor<D>) -> Vec<f64> {
+                t.into_data().convert::<f64>().iter::<f64>().collect()
+            }
+            let want = host_lambda_mlp(
+                &host(dl.clone()),
+                &host(mlp.w1.val()),
+                &host(mlp.b1.val()),
+                &host(mlp.w2.val()),
+                &host(mlp.b2.val()),
+                &host(g.clone()),
+                levels,
+                softmax,
+            );
+            let run = |fused: bool| {
+                let x = dl.clone().require_grad();
+                let lambda = if fused {
+                    loglinear::kernels::fused_lambda_mlp(&x, &mlp, mode).expect("a CubeCL device")
+                } else {
+                    LambdaMlp::head(mlp.logits(x.clone()), mode)
+                };
+                let grads = (lambda.clone() * g.clone()).sum().backward();
+                [
+                    host(lambda.detach()),
+                    host(x.grad(&grads).expect("a gradient for dl")),
+                    host(mlp.w1.grad(&grads).expect("dW1")),
+                    host(mlp.b1.grad(&grads).expect("db1")),
+                    host(mlp.w2.grad(&grads).expect("dW2")),
+                    host(mlp.b2.grad(&grads).expect("db2")),
+                ]
+            };
+            for (path, got) in [("kernels", run(true)), ("tensor ops", run(false))] {
+                for (name, (g, w)) in ["λ", "ddl", "dW1", "db1", "dW2", "db2"]
+                    .iter()
+                    .zip(got.iter().zip(&want))
+                {
+                    // f32 against f64: sums of up to 64 products per entry and of up to 1,200
+                    // rows per weight gradient, the softmax head's `g − Σ p g` cancelling;
+                    // erf is approximated to 1.5e-7 on the device.
+                    assert_close(&format!("{what}, {path}: {name}"), w, g, 5e-5);
+                }
+            }
+        }
+    }
+}

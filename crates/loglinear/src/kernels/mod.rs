@@ -1,6 +1,6 @@
 //! CubeCL kernels outside the core op (whose fused form lives in [`crate::ops::fused`]): the
 //! softmax cross-entropy of the language model's loss ([`cross_entropy`]), the softmax of the
-//! Transformer baseline's attention ([`attention`]), batched matrix
+//! Transformer baseline's attention ([`attention`]), the λ-MLP ([`lambda_mlp`]), batched matrix
 //! products with their backward ([`gemm`]; on cuBLAS on CUDA devices with the `cublas`
 //! feature), and what the crate asks of CubeCL devices.
 
@@ -9,6 +9,7 @@ pub mod cross_entropy;
 #[cfg(feature = "cublas")]
 mod cublas;
 pub mod gemm;
+pub mod lambda_mlp;
 mod rows;
 
 use burn::backend::ops::FloatTensorOps;
@@ -304,6 +305,194 @@ pub fn attention_softmax_reference<const D: usize>(
     let x = (scores.cast(burn::tensor::DType::F32) * scale)
         .mask_fill(hidden.clone(), f32::NEG_INFINITY);
     burn::tensor::activation::softmax(x, D - 1).mask_fill(hidden, 0.0)
+}
+
+/// The λ-MLP as two CubeCL kernels with their own backward ([`lambda_mlp`]): the entry point
+/// is [`fused_lambda_mlp`].
+#[backend_extension(Cube, Fusion: cfg(feature = "fusion"), Autodiff)]
+pub trait LambdaMlpKernels: Backend {
+    /// `λ = head(W2 · gelu(W1 · dl + b1) + b2)` per row of `dl: [..., L]` (`head` a softmax
+    /// over the `L` levels with `softmax`, else softplus), in the dtype of `dl` (computed in
+    /// f32); `w1: [L, hidden]`, `b1: [hidden]`, `w2: [hidden, L]`, `b2: [L]`.
+    #[fusion(dtype = dl, shape = dl)]
+    fn lambda_mlp(
+        dl: FloatTensor<Self>,
+        w1: FloatTensor<Self>,
+        b1: FloatTensor<Self>,
+        w2: FloatTensor<Self>,
+        b2: FloatTensor<Self>,
+        softmax: bool,
+    ) -> FloatTensor<Self>;
+
+    /// The gradients `(ddl, dW1, db1, dW2, db2)` of [`Self::lambda_mlp`] for the output
+    /// gradient `dlambda`, each in the shape and dtype of its tensor.
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
+    #[fusion(meta = |dl, w1, b1, w2, b2, _dlambda, _softmax| (
+        burn::backend::fusion::custom::TensorSpec::new(dl.shape.clone(), dl.dtype),
+        burn::backend::fusion::custom::TensorSpec::new(w1.shape.clone(), w1.dtype),
+        burn::backend::fusion::custom::TensorSpec::new(b1.shape.clone(), b1.dtype),
+        burn::backend::fusion::custom::TensorSpec::new(w2.shape.clone(), w2.dtype),
+        burn::backend::fusion::custom::TensorSpec::new(b2.shape.clone(), b2.dtype),
+    ))]
+    fn lambda_mlp_backward(
+        dl: FloatTensor<Self>,
+        w1: FloatTensor<Self>,
+        b1: FloatTensor<Self>,
+        w2: FloatTensor<Self>,
+        b2: FloatTensor<Self>,
+        dlambda: FloatTensor<Self>,
+        softmax: bool,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    );
+}
+
+impl LambdaMlpKernels for CubeBackend {
+    fn lambda_mlp(
+        dl: FloatTensor<Self>,
+        w1: FloatTensor<Self>,
+        b1: FloatTensor<Self>,
+        w2: FloatTensor<Self>,
+        b2: FloatTensor<Self>,
+        softmax: bool,
+    ) -> FloatTensor<Self> {
+        lambda_mlp::lambda_mlp(dl, w1, b1, w2, b2, softmax)
+    }
+
+    fn lambda_mlp_backward(
+        dl: FloatTensor<Self>,
+        w1: FloatTensor<Self>,
+        b1: FloatTensor<Self>,
+        w2: FloatTensor<Self>,
+        b2: FloatTensor<Self>,
+        dlambda: FloatTensor<Self>,
+        softmax: bool,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        let [ddl, dw1, db1, dw2, db2] =
+            lambda_mlp::lambda_mlp_backward(dl, w1, b1, w2, b2, dlambda, softmax);
+        (ddl, dw1, db1, dw2, db2)
+    }
+}
+
+impl<B: Backend + LambdaMlpKernels, C: CheckpointStrategy> LambdaMlpKernels for Autodiff<B, C> {
+    fn lambda_mlp(
+        dl: FloatTensor<Self>,
+        w1: FloatTensor<Self>,
+        b1: FloatTensor<Self>,
+        w2: FloatTensor<Self>,
+        b2: FloatTensor<Self>,
+        softmax: bool,
+    ) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct MlpBackward;
+
+        impl<B: Backend + LambdaMlpKernels> Backward<B, 5> for MlpBackward {
+            // The inputs (the backward recomputes the hidden layer) and the head.
+            type State = ([FloatTensor<B>; 5], bool);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 5>,
+                grads: &mut Gradients,
+                _checkpointer: &mut Checkpointer,
+            ) {
+                let grad = grads.consume::<B>(&ops.node);
+                let ([dl, w1, b1, w2, b2], softmax) = ops.state;
+                let (ddl, dw1, db1, dw2, db2) =
+                    B::lambda_mlp_backward(dl, w1, b1, w2, b2, grad, softmax);
+                for (parent, g) in ops.parents.into_iter().zip([ddl, dw1, db1, dw2, db2]) {
+                    if let Some(node) = parent {
+                        grads.register::<B>(node.id, g);
+                    }
+                }
+            }
+        }
+
+        let nodes = [dl.node(), w1.node(), b1.node(), w2.node(), b2.node()];
+        let inputs = [
+            dl.into_primitive(),
+            w1.into_primitive(),
+            b1.into_primitive(),
+            w2.into_primitive(),
+            b2.into_primitive(),
+        ];
+        let [a, b, c, d, e] = inputs.clone();
+        let lambda = B::lambda_mlp(a, b, c, d, e, softmax);
+        match MlpBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish((inputs, softmax), lambda),
+            OpsKind::UnTracked(prep) => prep.finish(lambda),
+        }
+    }
+
+    fn lambda_mlp_backward(
+        dl: FloatTensor<Self>,
+        w1: FloatTensor<Self>,
+        b1: FloatTensor<Self>,
+        w2: FloatTensor<Self>,
+        b2: FloatTensor<Self>,
+        dlambda: FloatTensor<Self>,
+        softmax: bool,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        // Not itself differentiable: constants.
+        let (a, b, c, d, e) = B::lambda_mlp_backward(
+            dl.into_primitive(),
+            w1.into_primitive(),
+            b1.into_primitive(),
+            w2.into_primitive(),
+            b2.into_primitive(),
+            dlambda.into_primitive(),
+            softmax,
+        );
+        let inner = <Self as AutodiffBackend>::from_inner;
+        (inner(a), inner(b), inner(c), inner(d), inner(e))
+    }
+}
+
+/// λ of the MLP modes by the kernels above on a CubeCL device (`None` elsewhere, or for a mode
+/// without an MLP: the caller uses [`crate::nn::LambdaMlp::logits`] and
+/// [`crate::nn::LambdaMlp::head`], the definition the kernels are tested against).
+///
+/// # Shapes
+/// `dl: [B, T, H, L]` → `λ: [B, T, H, L]`.
+pub fn fused_lambda_mlp(
+    dl: &Tensor<4>,
+    mlp: &crate::nn::LambdaMlp,
+    mode: crate::nn::LambdaMode,
+) -> Option<Tensor<4>> {
+    use crate::nn::LambdaMode;
+    let softmax = match mode {
+        LambdaMode::MlpSoftplus => false,
+        LambdaMode::MlpSoftmax => true,
+        LambdaMode::Linear | LambdaMode::Ones => return None,
+    };
+    if !is_cube_device(&dl.device()) {
+        return None;
+    }
+    let lambda = <burn::backend::Dispatch as LambdaMlpKernels>::lambda_mlp(
+        dl.clone().into_dispatch(),
+        mlp.w1.val().into_dispatch(),
+        mlp.b1.val().into_dispatch(),
+        mlp.w2.val().into_dispatch(),
+        mlp.b2.val().into_dispatch(),
+        softmax,
+    );
+    Some(Tensor::from_dispatch(lambda))
 }
 
 /// Whether `device` runs CubeCL kernels (directly or under autodiff).

@@ -3,7 +3,7 @@
 
 use burn::module::Param;
 use burn::prelude::*;
-use burn::tensor::activation::{gelu, softmax, softplus};
+use burn::tensor::activation::{softmax, softplus};
 use serde::{Deserialize, Serialize};
 
 use super::check::{ConfigError, positive};
@@ -176,9 +176,47 @@ impl LambdaMlp {
         let dt = dl.dtype();
         let p = |t: Tensor<2>| to_dtype(t, dt);
         let q = |t: Tensor<1>| to_dtype(t, dt).unsqueeze::<4>();
-        let hidden = gelu(linear(dl, p(self.w1.val())) + q(self.b1.val()));
+        let hidden = gelu_exact(linear(dl, p(self.w1.val())) + q(self.b1.val()));
         linear(hidden, p(self.w2.val())) + q(self.b2.val())
     }
+
+    /// The head of an MLP mode over the levels (last axis): softplus or softmax.
+    ///
+    /// # Panics
+    /// For a mode without an MLP.
+    pub fn head(logits: Tensor<4>, mode: LambdaMode) -> Tensor<4> {
+        match mode {
+            LambdaMode::MlpSoftplus => softplus(logits, 1.0),
+            LambdaMode::MlpSoftmax => softmax(logits, 3),
+            other => panic!("LambdaMlp::head: mode {other} has no MLP"),
+        }
+    }
+
+    /// λ of `dl` for an MLP mode: the fused kernels on a CubeCL device
+    /// ([`crate::kernels::fused_lambda_mlp`]: one launch each way, nothing of the hidden width
+    /// kept), [`Self::logits`] and [`Self::head`] elsewhere.
+    ///
+    /// # Shapes
+    /// `dl: [B, T, H, L]` → `[B, T, H, L]`.
+    pub fn forward(&self, dl: Tensor<4>, mode: LambdaMode) -> Tensor<4> {
+        #[cfg(feature = "kernels")]
+        if let Some(lambda) = crate::kernels::fused_lambda_mlp(&dl, self, mode) {
+            return lambda;
+        }
+        Self::head(self.logits(dl), mode)
+    }
+}
+
+/// `gelu(x) = x · Φ(x) = x · (1 + erf(x / √2)) / 2` (PyTorch's `nn.GELU()`, which the λ-MLP
+/// uses), written through `erf` so that autodiff takes its exact derivative: Burn 0.22's `gelu`
+/// has the exact forward but the backward of the tanh approximation (burn-backend
+/// `ActivationOps::gelu_backward`), off by up to ≈ 1e-3.
+pub(crate) fn gelu_exact<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    (x.clone() * std::f64::consts::FRAC_1_SQRT_2)
+        .erf()
+        .add_scalar(1.0)
+        * x
+        * 0.5
 }
 
 /// Computes λ for one mixer.
@@ -258,13 +296,9 @@ impl LevelWeights {
                 let scale = to_dtype(scale, dl.dtype());
                 softplus(dl * scale.unsqueeze(), 1.0)
             }
-            LambdaMode::MlpSoftplus => {
+            LambdaMode::MlpSoftplus | LambdaMode::MlpSoftmax => {
                 let mlp = self.mlp.as_ref().expect("MLP λ has an MLP");
-                softplus(mlp.logits(dl), 1.0)
-            }
-            LambdaMode::MlpSoftmax => {
-                let mlp = self.mlp.as_ref().expect("MLP λ has an MLP");
-                softmax(mlp.logits(dl), 3)
+                mlp.forward(dl, self.mode)
             }
             LambdaMode::Ones => unreachable!("handled above"),
         }

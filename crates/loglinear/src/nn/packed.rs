@@ -10,7 +10,7 @@
 
 use burn::module::Param;
 use burn::prelude::*;
-use burn::tensor::activation::{gelu, softmax, softplus};
+use burn::tensor::activation::{softmax, softplus};
 
 use super::init::{Dense, LayerNorm, to_dtype, wide};
 use super::lambda::{LambdaMlp, LambdaMode, LevelWeights};
@@ -119,7 +119,7 @@ impl PackedLevelWeights {
         let dt = dl.dtype();
         // Each replica's MLP over its [M·H, L] rows: one batched matmul per weight.
         let rows = dl.reshape([r, m * h, l]);
-        let hidden = gelu(
+        let hidden = super::lambda::gelu_exact(
             matmul(rows, to_dtype(mlp.w1.val(), dt)) + to_dtype(mlp.b1.val(), dt).unsqueeze_dim(1),
         );
         let logits = (matmul(hidden, to_dtype(mlp.w2.val(), dt))

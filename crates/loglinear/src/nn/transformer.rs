@@ -251,12 +251,12 @@ impl CausalSelfAttention {
     /// # Shapes
     /// `q: [B, H, T, hd]`, `keys, values: [B, H, past + T, hd]` → `[B, H, T, hd]`.
     fn attend(q: Tensor<4>, keys: Tensor<4>, values: Tensor<4>, past: usize) -> Tensor<4> {
-        let [b, h, t, hd] = q.dims();
+        let [b, h, t, _] = q.dims();
         #[cfg(feature = "kernels")]
         if crate::kernels::is_cube_device(&q.device()) {
             use crate::linalg::matmul;
             let scores = matmul(q.clone(), keys.clone().swap_dims(2, 3)); // [B, H, T, past + T]
-            let scale = (hd as f32).powf(-0.5);
+            let scale = (q.dims()[3] as f32).powf(-0.5);
             if let Some(probs) = crate::kernels::attention_softmax(&scores, scale, past) {
                 return matmul(probs, values);
             }

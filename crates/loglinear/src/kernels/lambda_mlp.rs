@@ -1,0 +1,448 @@
+//! The λ-MLP of the adaptive-decay modes as one kernel each way:
+//! `λ = head(W2 · gelu(W1 · dl + b1) + b2)` per (token, head) row of `L` levels, `head` softplus
+//! or a softmax over the levels ([`crate::nn::LambdaMlp`] is the tensor version they are tested
+//! against).
+//!
+//! Why: as tensor ops the MLP ran two f32 products with a dimension of 15 (the levels; cuBLAS at
+//! 6–11 TFLOP/s), wrote and re-read `[rows, hidden]` activations of 67 MB a layer at the LM
+//! setting, and added ≈ 190 launches a step: the λ-MLP step took 1.12× the λ-linear one
+//! (bench/RESULTS.md, session 10). Here the forward keeps each row's hidden layer in registers
+//! and shared memory, and the backward recomputes it: nothing of width `hidden` is stored.
+//!
+//! Forward: one unit per row, [`MLP_ROWS`] rows per cube, the row's values in shared memory.
+//! Backward: the same rows per block; each unit first computes its row's `dy` (through the
+//! head), `dpre = (W2 dy) ⊙ gelu'(pre)` and `ddl = W1 dpre`, then the cube sums the weight
+//! gradients of the block (`dW1 = Σ dl ⊗ dpre`, `dW2 = Σ h ⊗ dy`, `db1 = Σ dpre`, `db2 = Σ dy`)
+//! into per-cube accumulators in shared memory, each unit owning a fixed set of entries (no
+//! atomics); a cube walks several blocks, and the per-cube partial sums are added afterwards.
+//! Everything is computed in f32.
+
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::backend::ops::FloatTensorOps;
+use burn::tensor::{DType, Shape};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, empty_device_dtype};
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+
+use super::Cb;
+use super::rows::{row_grid, row_pitch, rows_and_width, rows_of};
+
+/// Rows per block and units per cube (one row per unit).
+pub const MLP_ROWS: usize = 32;
+/// Cubes of the backward at most: each walks `blocks / cubes` blocks and writes one partial sum
+/// of the weight gradients, which are then added (fewer cubes, fewer partials to add).
+const BACKWARD_CUBES: usize = 1024;
+
+/// `gelu(x) = x · Φ(x)` (exact, through erf, as Burn's `gelu`).
+#[cube]
+fn gelu(x: f32) -> f32 {
+    0.5f32 * x * (1.0f32 + Erf::erf(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// `gelu'(x) = Φ(x) + x · φ(x)`.
+#[cube]
+fn gelu_grad(x: f32) -> f32 {
+    let phi = (-0.5f32 * x * x).exp() * 0.398_942_3f32; // 1/√(2π)
+    0.5f32 * (1.0f32 + Erf::erf(x * std::f32::consts::FRAC_1_SQRT_2)) + x * phi
+}
+
+/// `ln(1 + e^y)` without overflow.
+#[cube]
+fn softplus(y: f32) -> f32 {
+    f32::max(y, 0.0f32) + (1.0f32 + (-f32::abs(y)).exp()).ln()
+}
+
+/// `σ(y) = softplus'(y)`.
+#[cube]
+fn sigmoid(y: f32) -> f32 {
+    1.0f32 / (1.0f32 + (-y).exp())
+}
+
+/// The logits `y = W2 · gelu(W1 · x + b1) + b2` of the row whose `x` is at `sx[o .. o + L]`,
+/// written to `sy[o .. o + L]`; with `keep`, each `pre_j = (W1 · x + b1)_j` and `gelu(pre_j)` go
+/// to `spre[oh + j]` and `sh[oh + j]`. The weights are read from global memory: all units of a
+/// cube read the same entry at once (one broadcast load, cached), and shared memory stays free
+/// for the rows (the backward's needs come to 28 KB at L = 15, hidden 64; lavapipe offers 32).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn row_logits<E: Float>(
+    sx: &Shared<[f32]>,
+    sy: &mut Shared<[f32]>,
+    w1: &Tensor<E>,
+    b1: &Tensor<E>,
+    w2: &Tensor<E>,
+    b2: &Tensor<E>,
+    spre: &mut Shared<[f32]>,
+    sh: &mut Shared<[f32]>,
+    o: usize,
+    oh: usize,
+    #[comptime] levels: usize,
+    #[comptime] hidden: usize,
+    #[comptime] keep: bool,
+) {
+    for k in 0..levels {
+        sy[o + k] = f32::cast_from(b2[k]);
+    }
+    for j in 0..hidden {
+        let mut pre = f32::cast_from(b1[j]);
+        for i in 0..levels {
+            pre += sx[o + i] * f32::cast_from(w1[i * hidden + j]);
+        }
+        let h = gelu(pre);
+        if comptime!(keep) {
+            spre[oh + j] = pre;
+            sh[oh + j] = h;
+        }
+        for k in 0..levels {
+            sy[o + k] += h * f32::cast_from(w2[j * levels + k]);
+        }
+    }
+}
+
+/// λ of each row. Shapes: `dl, lambda: [rows, L]` (dtype `E`, rows at `r · pitch` and
+/// `r · out_pitch`), `w1: [L, hidden]`, `b1: [hidden]`, `w2: [hidden, L]`, `b2: [L]`
+/// (contiguous).
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn lambda_mlp_kernel<E: Float>(
+    dl: &Tensor<E>,
+    w1: &Tensor<E>,
+    b1: &Tensor<E>,
+    w2: &Tensor<E>,
+    b2: &Tensor<E>,
+    lambda: &mut Tensor<E>,
+    rows: usize,
+    pitch: usize,
+    out_pitch: usize,
+    #[comptime] levels: usize,
+    #[comptime] hidden: usize,
+    #[comptime] softmax: bool,
+    #[define(E)] _dtype: ElemType,
+) {
+    let u = UNIT_POS_X as usize;
+    let block = CUBE_POS_Y as usize * CUBE_COUNT_X as usize + CUBE_POS_X as usize;
+    let mut sx = Shared::<[f32]>::new_slice(comptime!(MLP_ROWS * levels));
+    let mut sy = Shared::<[f32]>::new_slice(comptime!(MLP_ROWS * levels));
+    // Unused by the forward (`keep` is false): the smallest placeholders.
+    let mut spre = Shared::<[f32]>::new_slice(1usize);
+    let mut sh = Shared::<[f32]>::new_slice(1usize);
+    let row = block * MLP_ROWS + u;
+    if row < rows {
+        let o = u * levels;
+        for i in 0..levels {
+            sx[o + i] = f32::cast_from(dl[row * pitch + i]);
+        }
+        row_logits::<E>(
+            &sx, &mut sy, w1, b1, w2, b2, &mut spre, &mut sh, o, 0, levels, hidden, false,
+        );
+        if comptime!(softmax) {
+            let mut m = sy[o];
+            for k in 1..levels {
+                m = f32::max(m, sy[o + k]);
+            }
+            let mut s = 0.0f32;
+            for k in 0..levels {
+                s += (sy[o + k] - m).exp();
+            }
+            for k in 0..levels {
+                lambda[row * out_pitch + k] = E::cast_from((sy[o + k] - m).exp() / s);
+            }
+        } else {
+            for k in 0..levels {
+                lambda[row * out_pitch + k] = E::cast_from(softplus(sy[o + k]));
+            }
+        }
+    }
+}
+
+/// The gradients of [`lambda_mlp_kernel`] for `dlambda`: `ddl: [rows, L]` (rows at `d_pitch`)
+/// and per-cube partial sums `p_w1: [cubes, L·hidden]`, `p_w2: [cubes, hidden·L]`, `p_b1:
+/// [cubes, hidden]`, `p_b2: [cubes, L]` (f32) of the weights' gradients.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn lambda_mlp_backward_kernel<E: Float>(
+    dl: &Tensor<E>,
+    w1: &Tensor<E>,
+    b1: &Tensor<E>,
+    w2: &Tensor<E>,
+    b2: &Tensor<E>,
+    dlambda: &Tensor<E>,
+    ddl: &mut Tensor<E>,
+    p_w1: &mut Tensor<f32>,
+    p_w2: &mut Tensor<f32>,
+    p_b1: &mut Tensor<f32>,
+    p_b2: &mut Tensor<f32>,
+    rows: usize,
+    pitch: usize,
+    g_pitch: usize,
+    d_pitch: usize,
+    #[comptime] levels: usize,
+    #[comptime] hidden: usize,
+    #[comptime] softmax: bool,
+    #[define(E)] _dtype: ElemType,
+) {
+    let u = UNIT_POS_X as usize;
+    let cube = CUBE_POS_X as usize;
+    let cubes = CUBE_COUNT_X as usize;
+    let blocks = rows.div_ceil(MLP_ROWS);
+    let lh = comptime!(levels * hidden);
+    let mut sx = Shared::<[f32]>::new_slice(comptime!(MLP_ROWS * levels));
+    let mut sy = Shared::<[f32]>::new_slice(comptime!(MLP_ROWS * levels));
+    let mut spre = Shared::<[f32]>::new_slice(comptime!(MLP_ROWS * hidden));
+    let mut sh = Shared::<[f32]>::new_slice(comptime!(MLP_ROWS * hidden));
+    // This cube's sums: dW1 (L·hidden), dW2 (hidden·L), db1 (hidden), db2 (L).
+    let n_acc = comptime!(2 * levels * hidden + hidden + levels);
+    let mut acc = Shared::<[f32]>::new_slice(comptime!(2 * levels * hidden + hidden + levels));
+    let mut e = u;
+    while e < n_acc {
+        acc[e] = 0.0f32;
+        e += MLP_ROWS;
+    }
+    sync_cube();
+    let (o, oh) = (u * levels, u * hidden);
+    let mut block = cube;
+    while block < blocks {
+        let row = block * MLP_ROWS + u;
+        if row < rows {
+            for i in 0..levels {
+                sx[o + i] = f32::cast_from(dl[row * pitch + i]);
+            }
+            row_logits::<E>(
+                &sx, &mut sy, w1, b1, w2, b2, &mut spre, &mut sh, o, oh, levels, hidden, true,
+            );
+            // dy through the head, into sy.
+            if comptime!(softmax) {
+                let mut m = sy[o];
+                for k in 1..levels {
+                    m = f32::max(m, sy[o + k]);
+                }
+                let mut s = 0.0f32;
+                for k in 0..levels {
+                    s += (sy[o + k] - m).exp();
+                }
+                let mut dot = 0.0f32;
+                for k in 0..levels {
+                    let p = (sy[o + k] - m).exp() / s;
+                    dot += p * f32::cast_from(dlambda[row * g_pitch + k]);
+                }
+                for k in 0..levels {
+                    let p = (sy[o + k] - m).exp() / s;
+                    sy[o + k] = p * (f32::cast_from(dlambda[row * g_pitch + k]) - dot);
+                }
+            } else {
+                for k in 0..levels {
+                    sy[o + k] = f32::cast_from(dlambda[row * g_pitch + k]) * sigmoid(sy[o + k]);
+                }
+            }
+            // dpre = (W2 dy) ⊙ gelu'(pre), into spre.
+            for j in 0..hidden {
+                let mut dh = 0.0f32;
+                for k in 0..levels {
+                    dh += f32::cast_from(w2[j * levels + k]) * sy[o + k];
+                }
+                spre[oh + j] = dh * gelu_grad(spre[oh + j]);
+            }
+            for i in 0..levels {
+                let mut d = 0.0f32;
+                for j in 0..hidden {
+                    d += f32::cast_from(w1[i * hidden + j]) * spre[oh + j];
+                }
+                ddl[row * d_pitch + i] = E::cast_from(d);
+            }
+        } else {
+            // A row past the end adds nothing to the sums.
+            for i in 0..levels {
+                sx[o + i] = 0.0f32;
+                sy[o + i] = 0.0f32;
+            }
+            for j in 0..hidden {
+                spre[oh + j] = 0.0f32;
+                sh[oh + j] = 0.0f32;
+            }
+        }
+        sync_cube();
+        // The block's weight gradients: unit u owns entries u, u + MLP_ROWS, ...
+        let mut e = u;
+        while e < n_acc {
+            let mut s = 0.0f32;
+            if e < lh {
+                let (i, j) = (e / hidden, e % hidden);
+                for r in 0..MLP_ROWS {
+                    s += sx[r * levels + i] * spre[r * hidden + j];
+                }
+            } else if e < 2 * lh {
+                let (j, k) = ((e - lh) / levels, (e - lh) % levels);
+                for r in 0..MLP_ROWS {
+                    s += sh[r * hidden + j] * sy[r * levels + k];
+                }
+            } else if e < 2 * lh + hidden {
+                let j = e - 2 * lh;
+                for r in 0..MLP_ROWS {
+                    s += spre[r * hidden + j];
+                }
+            } else {
+                let k = e - 2 * lh - hidden;
+                for r in 0..MLP_ROWS {
+                    s += sy[r * levels + k];
+                }
+            }
+            acc[e] += s;
+            e += MLP_ROWS;
+        }
+        sync_cube();
+        block += cubes;
+    }
+    let mut e = u;
+    while e < n_acc {
+        if e < lh {
+            p_w1[cube * lh + e] = acc[e];
+        } else if e < 2 * lh {
+            p_w2[cube * lh + e - lh] = acc[e];
+        } else if e < 2 * lh + hidden {
+            p_b1[cube * hidden + e - 2 * lh] = acc[e];
+        } else {
+            p_b2[cube * levels + e - 2 * lh - hidden] = acc[e];
+        }
+        e += MLP_ROWS;
+    }
+}
+
+/// `(levels, hidden)` of the weights, checked against `dl`'s width.
+fn mlp_dims(dl: &CubeTensor, w1: &CubeTensor, w2: &CubeTensor) -> (usize, usize) {
+    let levels = rows_and_width(dl.meta.shape()).1;
+    let [l1, hidden] = w1.meta.shape().dims::<2>();
+    let [h2, l2] = w2.meta.shape().dims::<2>();
+    assert!(
+        l1 == levels && l2 == levels && h2 == hidden,
+        "lambda_mlp: dl {:?} with W1 {:?} and W2 {:?} (expected [..., L], [L, H], [H, L])",
+        dl.meta.shape().as_slice(),
+        w1.meta.shape().as_slice(),
+        w2.meta.shape().as_slice()
+    );
+    (levels, hidden)
+}
+
+/// A new tensor of `like`'s shape and dtype, and its row pitch.
+fn new_rows(like: &CubeTensor) -> (CubeTensor, usize) {
+    let out = empty_device_dtype(
+        like.client.clone(),
+        like.device.clone(),
+        like.meta.shape().clone(),
+        like.dtype,
+    );
+    let pitch = row_pitch(&out).expect("a new tensor's rows follow at one pitch");
+    (out, pitch)
+}
+
+/// λ of `dl: [..., L]` (see [`lambda_mlp_kernel`]); the weights are made contiguous and cast
+/// to `dl`'s dtype.
+pub fn lambda_mlp(
+    dl: CubeTensor,
+    w1: CubeTensor,
+    b1: CubeTensor,
+    w2: CubeTensor,
+    b2: CubeTensor,
+    softmax: bool,
+) -> CubeTensor {
+    let (levels, hidden) = mlp_dims(&dl, &w1, &w2);
+    let rows = rows_and_width(dl.meta.shape()).0;
+    let dtype = dl.dtype;
+    let weight = |t: CubeTensor| into_contiguous(super::cast(t, dtype));
+    let (dl, pitch) = rows_of(dl);
+    let (lambda, out_pitch) = new_rows(&dl);
+    if rows > 0 {
+        lambda_mlp_kernel::launch(
+            &dl.client.clone(),
+            row_grid(rows.div_ceil(MLP_ROWS)),
+            CubeDim::new_1d(MLP_ROWS as u32),
+            dl.clone().into_tensor_arg(),
+            weight(w1).into_tensor_arg(),
+            weight(b1).into_tensor_arg(),
+            weight(w2).into_tensor_arg(),
+            weight(b2).into_tensor_arg(),
+            lambda.clone().into_tensor_arg(),
+            rows,
+            pitch,
+            out_pitch,
+            levels,
+            hidden,
+            softmax,
+            dtype_to_storage_type(dtype),
+        );
+    }
+    lambda
+}
+
+/// The gradients `(ddl, dW1, db1, dW2, db2)` of [`lambda_mlp`] for the output gradient
+/// `dlambda`; each in the dtype (and shape) of the tensor it belongs to.
+#[allow(clippy::too_many_arguments)]
+pub fn lambda_mlp_backward(
+    dl: CubeTensor,
+    w1: CubeTensor,
+    b1: CubeTensor,
+    w2: CubeTensor,
+    b2: CubeTensor,
+    dlambda: CubeTensor,
+    softmax: bool,
+) -> [CubeTensor; 5] {
+    let (levels, hidden) = mlp_dims(&dl, &w1, &w2);
+    let rows = rows_and_width(dl.meta.shape()).0;
+    let dtype = dl.dtype;
+    let weight_dtypes = [w1.dtype, b1.dtype, w2.dtype, b2.dtype];
+    let weight = |t: CubeTensor| into_contiguous(super::cast(t, dtype));
+    let (dl, pitch) = rows_of(dl);
+    let (dlambda, g_pitch) = rows_of(super::cast(dlambda, dtype));
+    let (ddl, d_pitch) = new_rows(&dl);
+    let cubes = rows.div_ceil(MLP_ROWS).clamp(1, BACKWARD_CUBES);
+    let (client, device) = (dl.client.clone(), dl.device.clone());
+    let partial = |width: usize| {
+        empty_device_contiguous_dtype(
+            client.clone(),
+            device.clone(),
+            Shape::new([cubes, width]),
+            DType::F32,
+        )
+    };
+    let (p_w1, p_w2, p_b1, p_b2) = (
+        partial(levels * hidden),
+        partial(levels * hidden),
+        partial(hidden),
+        partial(levels),
+    );
+    lambda_mlp_backward_kernel::launch(
+        &client,
+        CubeCount::Static(cubes as u32, 1, 1),
+        CubeDim::new_1d(MLP_ROWS as u32),
+        dl.into_tensor_arg(),
+        weight(w1).into_tensor_arg(),
+        weight(b1).into_tensor_arg(),
+        weight(w2).into_tensor_arg(),
+        weight(b2).into_tensor_arg(),
+        dlambda.into_tensor_arg(),
+        ddl.clone().into_tensor_arg(),
+        p_w1.clone().into_tensor_arg(),
+        p_w2.clone().into_tensor_arg(),
+        p_b1.clone().into_tensor_arg(),
+        p_b2.clone().into_tensor_arg(),
+        rows,
+        pitch,
+        g_pitch,
+        d_pitch,
+        levels,
+        hidden,
+        softmax,
+        dtype_to_storage_type(dtype),
+    );
+    // The cubes' partial sums added, in the weights' own shapes and dtypes.
+    let total = |p: CubeTensor, shape: Shape, dtype: DType| {
+        super::cast(Cb::float_reshape(Cb::float_sum_dim(p, 0), shape), dtype)
+    };
+    [
+        ddl,
+        total(p_w1, Shape::new([levels, hidden]), weight_dtypes[0]),
+        total(p_b1, Shape::new([hidden]), weight_dtypes[1]),
+        total(p_w2, Shape::new([hidden, levels]), weight_dtypes[2]),
+        total(p_b2, Shape::new([levels]), weight_dtypes[3]),
+    ]
+}
