@@ -4,7 +4,7 @@
 //! solved / not solved, and a bootstrap interval for the difference of mean best accuracy (mean
 //! best perplexity for language models).
 
-use crate::stats::{binomial_interval, bootstrap_mean_difference, fisher_exact};
+use crate::stats::{binomial_interval, bootstrap_mean_difference, fisher_exact, mcnemar_exact};
 use crate::sweep::{SummaryOptions, SummaryRow};
 
 /// Confidence of every interval.
@@ -112,7 +112,11 @@ pub fn comparisons(rows: &[SummaryRow], options: &SummaryOptions) -> String {
             " Against `{key} = {}` at the same setting (or the first value where the sweep lacks \
              it): Fisher's exact test (two-sided) on solved / not solved, and the difference of \
              mean best accuracy (percentage points) with a {:.0} % percentile-bootstrap interval \
-             ({RESAMPLES} resamples of the seeds).",
+             ({RESAMPLES} resamples of the seeds). Both treat the two groups' runs as \
+             independent; runs with the same seed see the same data (the tasks' generators are \
+             seeded by the run's seed) and their outcomes go together, so the **paired** column \
+             matches the runs by seed (and pooled values): `b/c` = pairs where only the baseline / only this value solved, \
+             with the exact McNemar p-value (two-sided binomial test on the discordant pairs).",
             options.baseline,
             100.0 * CONFIDENCE
         ));
@@ -132,6 +136,7 @@ pub fn comparisons(rows: &[SummaryRow], options: &SummaryOptions) -> String {
         header.extend([
             "Fisher p vs baseline".into(),
             "Δ mean best (pp, 95 % CI)".into(),
+            "paired by seed: b/c, McNemar p".into(),
         ]);
     }
     s.push_str(&format!(
@@ -181,7 +186,7 @@ pub fn comparisons(rows: &[SummaryRow], options: &SummaryOptions) -> String {
             }
             if compared {
                 if std::ptr::eq(*row, base) {
-                    cells.extend(["baseline".into(), "baseline".into()]);
+                    cells.extend(["baseline".into(), "baseline".into(), "baseline".into()]);
                 } else {
                     let kb = solved_of(base);
                     let p = fisher_exact(k, row.n - k, kb, base.n - kb);
@@ -195,6 +200,7 @@ pub fn comparisons(rows: &[SummaryRow], options: &SummaryOptions) -> String {
                     cells.extend([
                         format!("{p:.3}"),
                         format!("{:+.1} [{:+.1}, {:+.1}]", 100.0 * d, 100.0 * lo, 100.0 * hi),
+                        paired(row, base, options.solved_at),
                     ]);
                 }
             }
@@ -202,6 +208,36 @@ pub fn comparisons(rows: &[SummaryRow], options: &SummaryOptions) -> String {
         }
     }
     s
+}
+
+/// `b/c, p (n pairs)`: runs of `row` and `base` matched by label (seed and pooled values), `b`
+/// the pairs where only the baseline solved, `c` where only `row` did, and the exact McNemar
+/// p-value; "–" when no run pairs up.
+fn paired(row: &SummaryRow, base: &SummaryRow, solved_at: f64) -> String {
+    let solved: std::collections::HashMap<&str, bool> = base
+        .labels
+        .iter()
+        .zip(&base.per_seed)
+        .map(|(l, v)| (l.as_str(), *v >= solved_at))
+        .collect();
+    let (mut pairs, mut only_base, mut only_row) = (0, 0, 0);
+    for (label, v) in row.labels.iter().zip(&row.per_seed) {
+        if let Some(&base_solved) = solved.get(label.as_str()) {
+            pairs += 1;
+            match (base_solved, *v >= solved_at) {
+                (true, false) => only_base += 1,
+                (false, true) => only_row += 1,
+                _ => {}
+            }
+        }
+    }
+    if pairs == 0 {
+        return "–".into();
+    }
+    format!(
+        "{only_base}/{only_row}, {:.3} ({pairs} pairs)",
+        mcnemar_exact(only_base, only_row)
+    )
 }
 
 /// The row of `members` the others are compared against.

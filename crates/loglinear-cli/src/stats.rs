@@ -1,6 +1,7 @@
 //! The statistics `loglinear summarize` reports when it compares λ modes: an exact (Clopper–
 //! Pearson) binomial interval for the fraction of runs that solved a task, Fisher's exact test
-//! between two such fractions, and a percentile-bootstrap interval for a difference of means.
+//! between two such fractions, the exact McNemar test when the runs pair up by seed, and a
+//! percentile-bootstrap interval for a difference of means.
 //! Few seeds give bimodal outcomes (a run solves the task or stays at chance), so a mean ± std
 //! alone says little; these are the standard small-sample tools for either kind of outcome.
 
@@ -92,6 +93,19 @@ pub fn fisher_exact(a: usize, b: usize, c: usize, d: usize) -> f64 {
         .min(1.0)
 }
 
+/// Two-sided p-value of the exact McNemar test for paired outcomes: `only_first` pairs where only
+/// the first of the two solved, `only_second` where only the second did (pairs where both or
+/// neither did carry no information). Under the null each discordant pair goes either way with
+/// probability ½: `min(1, 2 · P(X ≤ min(b, c)))` for `X ~ Binomial(b + c, ½)`, as R's
+/// `binom.test(min(b, c), b + c)`.
+pub fn mcnemar_exact(only_first: usize, only_second: usize) -> f64 {
+    let n = only_first + only_second;
+    if n == 0 {
+        return 1.0;
+    }
+    (2.0 * binomial_cdf(only_first.min(only_second), n, 0.5)).min(1.0)
+}
+
 /// Difference of means `mean(x) − mean(y)` with its percentile-bootstrap interval at
 /// `confidence`: each group resampled with replacement `resamples` times (seeded, so the
 /// interval is reproducible). Returns `(difference, lower, upper)`.
@@ -172,6 +186,22 @@ mod tests {
                 close(got, p, 1e-6),
                 "[[{a}, {b}], [{c}, {d}]]: {got}, R gives {p}"
             );
+        }
+    }
+
+    /// Reference values from R: `binom.test(min(b, c), b + c)$p.value`.
+    #[test]
+    fn mcnemar_exact_matches_r() {
+        for (b, c, p) in [
+            (5, 2, 0.453_125),
+            (10, 3, 0.092_285_16),
+            (6, 0, 0.031_25),
+            (4, 4, 1.0),
+            (0, 0, 1.0),
+            (1, 12, 0.003_417_969),
+        ] {
+            let got = mcnemar_exact(b, c);
+            assert!(close(got, p, 1e-6), "b = {b}, c = {c}: {got}, R gives {p}");
         }
     }
 

@@ -389,6 +389,11 @@ pub struct SummaryRow {
     pub test: Option<(f64, f64)>,
     /// Per-seed best accuracies, in seed order.
     pub per_seed: Vec<f64>,
+    /// Per run, in the order of `per_seed` and `curves`: its place within the setting — the
+    /// pooled keys' values and the seed (`"32,1"`), or the seed alone. Runs of two settings with
+    /// the same label share their seed (and pooled values), hence their training and held-out
+    /// data, so their outcomes pair up.
+    pub labels: Vec<String>,
     /// Per seed, the held-out accuracy at each evaluation `(step, accuracy)` (empty for
     /// language models).
     pub curves: Vec<Vec<(usize, f64)>>,
@@ -516,6 +521,7 @@ pub fn summarise_with(sweep_dir: &Path, options: &SummaryOptions) -> Result<Vec<
                 last: mean_std(&last),
                 test: (!test.is_empty()).then(|| mean_std(&test)),
                 per_seed: best,
+                labels: runs.iter().map(|(label, _)| label.clone()).collect(),
                 curves: if lm {
                     Vec::new()
                 } else {

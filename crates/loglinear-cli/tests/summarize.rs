@@ -127,10 +127,15 @@ fn solved_counts_intervals_and_comparisons() {
         softplus.contains("| 5 | 5/5 | 48–100 % | 2/5 | 3/5 | 0.048 | +77.9 ["),
         "{softplus}"
     );
+    // Paired by seed: seed 0 solved by both; seeds 1–4 only by mlp_softplus: McNemar exact
+    // p = 2 · ½⁴ = 0.125.
+    assert!(softplus.ends_with("| 0/4, 0.125 (5 pairs) |"), "{softplus}");
     // mlp_softmax: 3 runs of which one cut short at step 3000 unsolved: counted as not solved
     // at 5000 and marked.
     let softmax = row_of("mlp_softmax");
     assert!(softmax.contains("| 3 | 1/3 |"), "{softmax}");
+    // Seeds 0–2 pair with linear's: seed 0 solved by both, 1 and 2 by neither.
+    assert!(softmax.ends_with("| 0/0, 1.000 (3 pairs) |"), "{softmax}");
     assert!(softmax.contains("1/3 (1 ended before)"), "{softmax}");
     assert!(md.contains("1 cut short, at step 3000"), "{md}");
     assert!(md.contains("**1 runs have not finished"), "{md}");
@@ -208,6 +213,8 @@ fn pooling_a_swept_key_compares_over_all_its_values() {
     assert!(md.contains("| all | linear | 4 | 2/4 |"), "{md}");
     assert!(md.contains("| all | mlp_softplus | 4 | 4/4 |"), "{md}");
     assert!(md.contains("| 0.429 |"), "{md}");
+    // Paired by (K, seed): K = 4 solved by both, K = 8 only by mlp_softplus (2 pairs): p = 0.5.
+    assert!(md.contains("| 0/2, 0.500 (4 pairs) |"), "{md}");
     // The per-K summary is left as it was.
     let main = fs::read_to_string(dir.join("summary.md")).unwrap();
     assert!(
