@@ -950,9 +950,12 @@ fn lambda_mlp_kernels_match_f64() {
                     .zip(got.iter().zip(&want))
                 {
                     // f32 against f64: sums of up to 64 products per entry and of up to 1,200
-                    // rows per weight gradient, the softmax head's `g − Σ p g` cancelling;
-                    // erf is approximated to 1.5e-7 on the device.
-                    assert_close(&format!("{what}, {path}: {name}"), w, g, 5e-5);
+                    // rows per weight gradient; erf is approximated to 1.5e-7 on the device.
+                    // The softmax head's `g − Σ p g` cancels, which leaves its gradients with
+                    // more rounding relative to their largest entry (5.8e-5 measured for the
+                    // tensor version on the H200, one row); a wrong term is off by far more.
+                    let tol = if softmax { 2e-4 } else { 5e-5 };
+                    assert_close(&format!("{what}, {path}: {name}"), w, g, tol);
                 }
             }
         }
