@@ -874,6 +874,49 @@ fn host_lambda_mlp(
     out
 }
 
+/// A λ-MLP whose backward does not fit a cube's shared memory is left to the tensor version.
+#[test]
+fn lambda_mlp_kernels_decline_widths_beyond_shared_memory() {
+    use burn::module::Param;
+    use loglinear::kernels::{fused_lambda_mlp, lambda_mlp::shared_bytes, max_shared_memory};
+    use loglinear::nn::{LambdaMlp, LambdaMode};
+    let device = device();
+    let max = max_shared_memory(&device).expect("a CubeCL device");
+    // The smallest power-of-two hidden width past what this device's cubes hold.
+    let levels = 15;
+    let mut hidden = 64;
+    while shared_bytes(levels, hidden) <= max {
+        hidden *= 2;
+    }
+    let zeros2 = |d: [usize; 2]| Param::from_tensor(Tensor::<2>::zeros(d, &device));
+    let zeros1 = |d: usize| Param::from_tensor(Tensor::<1>::zeros([d], &device));
+    let mlp = LambdaMlp {
+        w1: zeros2([levels, hidden]),
+        b1: zeros1(hidden),
+        w2: zeros2([hidden, levels]),
+        b2: zeros1(levels),
+    };
+    let dl = Tensor::<4>::zeros([1, 3, 2, levels], &device);
+    assert!(fused_lambda_mlp(&dl, &mlp, LambdaMode::MlpSoftplus).is_none());
+    assert!(
+        shared_bytes(15, 64) <= max,
+        "the published widths must fit ({max} bytes)"
+    );
+    assert!(
+        fused_lambda_mlp(
+            &dl.narrow(3, 0, levels),
+            &LambdaMlp {
+                w1: zeros2([levels, 64]),
+                b1: zeros1(64),
+                w2: zeros2([64, levels]),
+                b2: zeros1(levels),
+            },
+            LambdaMode::MlpSoftplus
+        )
+        .is_some()
+    );
+}
+
 #[test]
 fn lambda_mlp_kernels_match_f64() {
     use burn::module::Param;
@@ -945,6 +988,7 @@ fn lambda_mlp_kernels_match_f64() {
                 ]
             };
             for (path, got) in [("kernels", run(true)), ("tensor ops", run(false))] {
+                // (Every case here fits the 32 KB of shared memory lavapipe offers.)
                 for (name, (g, w)) in ["λ", "ddl", "dW1", "db1", "dW2", "db2"]
                     .iter()
                     .zip(got.iter().zip(&want))

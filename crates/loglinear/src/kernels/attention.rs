@@ -18,11 +18,10 @@
 //! probabilities are written as 0, and their gradient as 0.
 
 use burn::backend::cubecl::dtype_to_storage_type;
-use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::rows::{row_grid, row_pitch, rows_and_width, rows_of};
+use super::rows::{new_rows, row_grid, rows_and_width, rows_of};
 
 /// Units per cube of the softmax kernels (one cube per row of scores).
 pub const SOFTMAX_THREADS: usize = 128;
@@ -172,18 +171,6 @@ fn softmax_dims(t: &CubeTensor) -> (usize, usize, usize) {
     );
     let (rows, keys) = rows_and_width(t.meta.shape());
     (rows, keys, dims[dims.len() - 2])
-}
-
-/// A new tensor of `like`'s shape and dtype, and the pitch of its rows.
-fn new_rows(like: &CubeTensor) -> (CubeTensor, usize) {
-    let out = empty_device_dtype(
-        like.client.clone(),
-        like.device.clone(),
-        like.meta.shape().clone(),
-        like.dtype,
-    );
-    let pitch = row_pitch(&out).expect("a new tensor's rows follow at one pitch");
-    (out, pitch)
 }
 
 /// [`causal_softmax_kernel`] over scores `[..., queries, keys]` (rows pitched or not).

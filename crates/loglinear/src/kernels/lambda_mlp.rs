@@ -21,12 +21,12 @@ use burn::backend::cubecl::dtype_to_storage_type;
 use burn::backend::ops::FloatTensorOps;
 use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, empty_device_dtype};
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::Cb;
-use super::rows::{row_grid, row_pitch, rows_and_width, rows_of};
+use super::rows::{new_rows, row_grid, rows_and_width, rows_of};
 
 /// Rows per block and units per cube (one row per unit).
 pub const MLP_ROWS: usize = 32;
@@ -308,6 +308,13 @@ pub fn lambda_mlp_backward_kernel<E: Float>(
     }
 }
 
+/// Bytes of shared memory a cube of the backward kernel takes (the forward takes less): the
+/// block's `dl` and `dy` rows (`MLP_ROWS · L` each), its `pre` and `h` rows (`MLP_ROWS · hidden`
+/// each) and the weight-gradient sums (`2 · L · hidden + hidden + L`), in f32.
+pub fn shared_bytes(levels: usize, hidden: usize) -> usize {
+    4 * (2 * MLP_ROWS * levels + 2 * MLP_ROWS * hidden + 2 * levels * hidden + hidden + levels)
+}
+
 /// `(levels, hidden)` of the weights, checked against `dl`'s width.
 fn mlp_dims(dl: &CubeTensor, w1: &CubeTensor, w2: &CubeTensor) -> (usize, usize) {
     let levels = rows_and_width(dl.meta.shape()).1;
@@ -321,18 +328,6 @@ fn mlp_dims(dl: &CubeTensor, w1: &CubeTensor, w2: &CubeTensor) -> (usize, usize)
         w2.meta.shape().as_slice()
     );
     (levels, hidden)
-}
-
-/// A new tensor of `like`'s shape and dtype, and its row pitch.
-fn new_rows(like: &CubeTensor) -> (CubeTensor, usize) {
-    let out = empty_device_dtype(
-        like.client.clone(),
-        like.device.clone(),
-        like.meta.shape().clone(),
-        like.dtype,
-    );
-    let pitch = row_pitch(&out).expect("a new tensor's rows follow at one pitch");
-    (out, pitch)
 }
 
 /// λ of `dl: [..., L]` (see [`lambda_mlp_kernel`]); the weights are made contiguous and cast

@@ -464,8 +464,9 @@ impl<B: Backend + LambdaMlpKernels, C: CheckpointStrategy> LambdaMlpKernels for 
     }
 }
 
-/// λ of the MLP modes by the kernels above on a CubeCL device (`None` elsewhere, or for a mode
-/// without an MLP: the caller uses [`crate::nn::LambdaMlp::logits`] and
+/// λ of the MLP modes by the kernels above on a CubeCL device (`None` elsewhere, for a mode
+/// without an MLP, or for widths whose backward does not fit a cube's shared memory: the caller
+/// uses [`crate::nn::LambdaMlp::logits`] and
 /// [`crate::nn::LambdaMlp::head`], the definition the kernels are tested against).
 ///
 /// # Shapes
@@ -481,7 +482,11 @@ pub fn fused_lambda_mlp(
         LambdaMode::MlpSoftmax => true,
         LambdaMode::Linear | LambdaMode::Ones => return None,
     };
-    if !is_cube_device(&dl.device()) {
+    // Where a cube's shared memory cannot hold the backward's rows and sums (a hidden width of
+    // 128 at 15 levels needs 53 KB), the tensor version runs instead.
+    let [levels, hidden] = mlp.w1.dims();
+    let fits = |max: usize| lambda_mlp::shared_bytes(levels, hidden) <= max;
+    if !max_shared_memory(&dl.device()).is_some_and(fits) {
         return None;
     }
     let lambda = <burn::backend::Dispatch as LambdaMlpKernels>::lambda_mlp(
@@ -501,6 +506,17 @@ pub fn is_cube_device(device: &Device) -> bool {
         device.clone().inner().as_dispatch(),
         DispatchDevice::Cube(_)
     )
+}
+
+/// The shared memory one cube may use on `device`, for CubeCL devices (`None` elsewhere).
+pub fn max_shared_memory(device: &Device) -> Option<usize> {
+    match device.clone().inner().as_dispatch() {
+        DispatchDevice::Cube(cube) => {
+            Some(cube.client().properties().hardware.max_shared_memory_size)
+        }
+        #[allow(unreachable_patterns)]
+        _ => None,
+    }
 }
 
 /// The memory the device can hold at once, where its runtime says (CUDA does).

@@ -5,6 +5,7 @@
 
 use burn::tensor::Shape;
 use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
@@ -51,4 +52,17 @@ pub(crate) fn rows_of(t: CubeTensor) -> (CubeTensor, usize) {
             (into_contiguous(t), width)
         }
     }
+}
+
+/// A new tensor of `like`'s shape and dtype on its device, and the pitch of its rows (on CUDA the
+/// allocator pads rows whose bytes are not a multiple of its alignment).
+pub(crate) fn new_rows(like: &CubeTensor) -> (CubeTensor, usize) {
+    let out = empty_device_dtype(
+        like.client.clone(),
+        like.device.clone(),
+        like.meta.shape().clone(),
+        like.dtype,
+    );
+    let pitch = row_pitch(&out).expect("a new tensor's rows follow at one pitch");
+    (out, pitch)
 }
