@@ -21,12 +21,12 @@ use burn::backend::cubecl::dtype_to_storage_type;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::rows::{new_rows, row_grid, rows_and_width, rows_of};
+use super::rows::{cube_logsumexp, new_rows, row_grid, rows_and_width, rows_of};
 
 /// Units per cube of the softmax kernels (one cube per row of scores).
 pub const SOFTMAX_THREADS: usize = 128;
-// The tree reductions below start at half the cube.
-const _: () = assert!(SOFTMAX_THREADS == 128);
+// The tree reductions below need a power of two.
+const _: () = assert!(SOFTMAX_THREADS.is_power_of_two());
 
 /// Keys that query row `row` sees: `min(past + (row mod queries) + 1, keys)`.
 #[cube]
@@ -61,8 +61,8 @@ pub fn causal_softmax_kernel<E: Float>(
     let u = UNIT_POS_X as usize;
     let (base, p_base) = (row * pitch, row * p_pitch);
     let visible = visible_keys(row, queries, past, keys);
-    // Online softmax per unit: the running maximum m and Σ e^{x−m} of its columns. The maximum
-    // starts at the lowest finite f32 (a stand-in for −∞ that keeps empty merges at 0, not NaN).
+    // Online softmax per unit: the running maximum m and Σ e^{x−m} of its columns (see
+    // `cube_logsumexp` for the start at the lowest finite f32).
     let mut m = f32::min_value();
     let mut s = 0.0f32;
     let mut j = u;
@@ -76,23 +76,7 @@ pub fn causal_softmax_kernel<E: Float>(
         }
         j += SOFTMAX_THREADS;
     }
-    let mut sm = Shared::<[f32]>::new_slice(SOFTMAX_THREADS);
-    let mut ss = Shared::<[f32]>::new_slice(SOFTMAX_THREADS);
-    sm[u] = m;
-    ss[u] = s;
-    sync_cube();
-    let mut stride = 64usize;
-    while stride > 0 {
-        if u < stride {
-            let (m1, m2) = (sm[u], sm[u + stride]);
-            let mx = f32::max(m1, m2);
-            ss[u] = ss[u] * (m1 - mx).exp() + ss[u + stride] * (m2 - mx).exp();
-            sm[u] = mx;
-        }
-        sync_cube();
-        stride /= 2;
-    }
-    let lse = sm[0] + ss[0].ln();
+    let lse = cube_logsumexp(m, s, SOFTMAX_THREADS);
     let mut j = u;
     while j < keys {
         let mut p = 0.0f32;

@@ -24,13 +24,11 @@ use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, empty_device_dtyp
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::rows::{row_grid, row_pitch, rows_and_width, rows_of};
+use super::rows::{cube_logsumexp, row_grid, row_pitch, rows_and_width, rows_of};
 
-// The running maximum starts at the lowest finite f32, a stand-in for −∞: `e^{MIN−x}` is 0 like
-// `e^{−∞}`, and two empty partial sums merge to 0 instead of `0 · e^{−∞+∞} = NaN`.
-
-// The tree reduction below starts at half the cube.
-const _: () = assert!(CE_THREADS == 256);
+// The running maximum starts at the lowest finite f32 (see `rows::cube_logsumexp`), and the tree
+// reduction there needs a power of two.
+const _: () = assert!(CE_THREADS.is_power_of_two());
 
 /// Per row: `lse = max x + ln Σ e^{x − max x}` and `nll = lse − x[target]` (f32).
 ///
@@ -68,24 +66,8 @@ pub fn ce_forward_kernel<E: Float, I: Int>(
         }
         i += CE_THREADS;
     }
-    let mut sm = Shared::<[f32]>::new_slice(CE_THREADS);
-    let mut ss = Shared::<[f32]>::new_slice(CE_THREADS);
-    sm[u] = m;
-    ss[u] = s;
-    sync_cube();
-    let mut stride = 128usize;
-    while stride > 0 {
-        if u < stride {
-            let (m1, m2) = (sm[u], sm[u + stride]);
-            let mx = f32::max(m1, m2);
-            ss[u] = ss[u] * (m1 - mx).exp() + ss[u + stride] * (m2 - mx).exp();
-            sm[u] = mx;
-        }
-        sync_cube();
-        stride /= 2;
-    }
+    let l = cube_logsumexp(m, s, CE_THREADS);
     if u == 0 {
-        let l = sm[0] + ss[0].ln();
         let t = usize::cast_from(targets[row]);
         lse[row] = l;
         nll[row] = l - f32::cast_from(logits[base + t]);

@@ -66,3 +66,31 @@ pub(crate) fn new_rows(like: &CubeTensor) -> (CubeTensor, usize) {
     let pitch = row_pitch(&out).expect("a new tensor's rows follow at one pitch");
     (out, pitch)
 }
+
+/// The log-sum-exp of a row whose columns are spread over the cube's `units` units (a power of
+/// two), from each unit's running maximum `m` and `s = Σ e^{x − m}` over its columns: merged
+/// pairwise in shared memory; every unit gets the result. A unit without columns passes the
+/// lowest finite f32 as `m` and 0 as `s` — a stand-in for −∞ that keeps an empty merge at 0
+/// where `e^{−∞ + ∞}` would give NaN.
+#[cube]
+pub(crate) fn cube_logsumexp(m: f32, s: f32, #[comptime] units: usize) -> f32 {
+    let u = UNIT_POS_X as usize;
+    let mut sm = Shared::<[f32]>::new_slice(units);
+    let mut ss = Shared::<[f32]>::new_slice(units);
+    sm[u] = m;
+    ss[u] = s;
+    sync_cube();
+    // The cube's width (= `units`) read at run time: the stride changes in the loop.
+    let mut stride = CUBE_DIM_X as usize / 2;
+    while stride > 0 {
+        if u < stride {
+            let (m1, m2) = (sm[u], sm[u + stride]);
+            let mx = f32::max(m1, m2);
+            ss[u] = ss[u] * (m1 - mx).exp() + ss[u + stride] * (m2 - mx).exp();
+            sm[u] = mx;
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    sm[0] + ss[0].ln()
+}
