@@ -1005,3 +1005,91 @@ fn lambda_mlp_kernels_match_f64() {
         }
     }
 }
+
+#[test]
+fn packed_lambda_mlp_kernels_match_f64_per_replica() {
+    use burn::module::Param;
+    use burn::tensor::Distribution;
+    use loglinear::nn::{LambdaMode, PackedLambdaMlp};
+    // The packed models' λ-MLP (one MLP per replica, each replica with its own head) through the
+    // kernels, against each replica's f64 λ-MLP: 3 replicas mixing the two heads, 70 rows each
+    // (not a multiple of the kernels' 32), the published T = 256 level count (9).
+    let seed = test_seed(23);
+    let device = device().autodiff();
+    device.seed(seed);
+    let modes = [
+        LambdaMode::MlpSoftplus,
+        LambdaMode::MlpSoftmax,
+        LambdaMode::MlpSoftplus,
+    ];
+    let (r, m, h, levels, hidden) = (3, 35, 2, 9, 64);
+    let normal = |s: f64| Distribution::Normal(0.0, s);
+    let mlp = PackedLambdaMlp {
+        w1: Param::from_tensor(Tensor::<3>::random(
+            [r, levels, hidden],
+            normal(0.5),
+            &device,
+        )),
+        b1: Param::from_tensor(Tensor::<2>::random([r, hidden], normal(0.3), &device)),
+        w2: Param::from_tensor(Tensor::<3>::random(
+            [r, hidden, levels],
+            normal(0.3),
+            &device,
+        )),
+        b2: Param::from_tensor(Tensor::<2>::random([r, levels], normal(0.3), &device)),
+    };
+    let shape = [r, m, h, levels];
+    let dl = Tensor::<4>::random(shape, normal(1.5), &device)
+        .detach()
+        .require_grad();
+    let g = Tensor::<4>::random(shape, normal(1.0), &device).detach();
+    fn host<const D: usize>(t: Tensor<D>) -> Vec<f64> {
+        t.into_data().convert::<f64>().iter::<f64>().collect()
+    }
+    let lambda =
+        loglinear::kernels::fused_packed_lambda_mlp(&dl, &mlp, &modes).expect("a CubeCL device");
+    let grads = (lambda.clone() * g.clone()).sum().backward();
+    let got = [
+        host(lambda.detach()),
+        host(dl.grad(&grads).expect("ddl")),
+        host(mlp.w1.grad(&grads).expect("dW1")),
+        host(mlp.b1.grad(&grads).expect("db1")),
+        host(mlp.w2.grad(&grads).expect("dW2")),
+        host(mlp.b2.grad(&grads).expect("db2")),
+    ];
+    let (hdl, hg) = (host(dl.clone().detach()), host(g));
+    let (w1, b1, w2, b2) = (
+        host(mlp.w1.val()),
+        host(mlp.b1.val()),
+        host(mlp.w2.val()),
+        host(mlp.b2.val()),
+    );
+    let rows = m * h * levels;
+    for (i, mode) in modes.iter().enumerate() {
+        let slice = |v: &[f64], n: usize| v[i * n..(i + 1) * n].to_vec();
+        let want = host_lambda_mlp(
+            &slice(&hdl, rows),
+            &slice(&w1, levels * hidden),
+            &slice(&b1, hidden),
+            &slice(&w2, levels * hidden),
+            &slice(&b2, levels),
+            &slice(&hg, rows),
+            levels,
+            *mode == LambdaMode::MlpSoftmax,
+        );
+        let sizes = [rows, rows, levels * hidden, hidden, levels * hidden, levels];
+        for (k, name) in ["λ", "ddl", "dW1", "db1", "dW2", "db2"].iter().enumerate() {
+            let tol = if *mode == LambdaMode::MlpSoftmax {
+                2e-4
+            } else {
+                5e-5
+            };
+            assert_close(
+                &format!("replica {i} ({mode}), seed {seed}: {name}"),
+                &want[k],
+                &slice(&got[k], sizes[k]),
+                tol,
+            );
+        }
+    }
+}

@@ -16,6 +16,12 @@
 //! into per-cube accumulators in shared memory, each unit owning a fixed set of entries (no
 //! atomics); a cube walks several blocks, and the per-cube partial sums are added afterwards.
 //! Everything is computed in f32.
+//!
+//! Replicas: the weights may carry a leading replica axis (`w1: [R, L, hidden]`, ...), the rows
+//! of `dl` then come replica by replica (`[R, rows/R, L]`), and each replica has its own head
+//! (`softmax_head[r]`: 1 for a softmax over the levels, 0 for softplus) — the packed models of a
+//! sweep, which may mix the two MLP modes. A block of rows never spans two replicas, and the
+//! backward's cubes each work for one replica.
 
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn::backend::ops::FloatTensorOps;
@@ -61,7 +67,7 @@ fn sigmoid(y: f32) -> f32 {
 
 /// The logits `y = W2 · gelu(W1 · x + b1) + b2` of the row whose `x` is at `sx[o .. o + L]`,
 /// written to `sy[o .. o + L]`; with `keep`, each `pre_j = (W1 · x + b1)_j` and `gelu(pre_j)` go
-/// to `spre[oh + j]` and `sh[oh + j]`. The weights are read from global memory: all units of a
+/// to `spre[oh + j]` and `sh[oh + j]`; the weights are replica `rep`'s. The weights are read from global memory: all units of a
 /// cube read the same entry at once (one broadcast load, cached), and shared memory stays free
 /// for the rows (the backward's needs come to 28 KB at L = 15, hidden 64; lavapipe offers 32).
 #[cube]
@@ -77,17 +83,20 @@ fn row_logits<E: Float>(
     sh: &mut Shared<[f32]>,
     o: usize,
     oh: usize,
+    rep: usize,
     #[comptime] levels: usize,
     #[comptime] hidden: usize,
     #[comptime] keep: bool,
 ) {
+    // This replica's weights.
+    let (wo, b1o, b2o) = (rep * levels * hidden, rep * hidden, rep * levels);
     for k in 0..levels {
-        sy[o + k] = f32::cast_from(b2[k]);
+        sy[o + k] = f32::cast_from(b2[b2o + k]);
     }
     for j in 0..hidden {
-        let mut pre = f32::cast_from(b1[j]);
+        let mut pre = f32::cast_from(b1[b1o + j]);
         for i in 0..levels {
-            pre += sx[o + i] * f32::cast_from(w1[i * hidden + j]);
+            pre += sx[o + i] * f32::cast_from(w1[wo + i * hidden + j]);
         }
         let h = gelu(pre);
         if comptime!(keep) {
@@ -95,48 +104,52 @@ fn row_logits<E: Float>(
             sh[oh + j] = h;
         }
         for k in 0..levels {
-            sy[o + k] += h * f32::cast_from(w2[j * levels + k]);
+            sy[o + k] += h * f32::cast_from(w2[wo + j * levels + k]);
         }
     }
 }
 
-/// λ of each row. Shapes: `dl, lambda: [rows, L]` (dtype `E`, rows at `r · pitch` and
-/// `r · out_pitch`), `w1: [L, hidden]`, `b1: [hidden]`, `w2: [hidden, L]`, `b2: [L]`
-/// (contiguous).
+/// λ of each row. Shapes: `dl, lambda: [R · per, L]` (dtype `E`, rows at `r · pitch` and
+/// `r · out_pitch`), `w1: [R, L, hidden]`, `b1: [R, hidden]`, `w2: [R, hidden, L]`, `b2: [R, L]`
+/// (contiguous), `softmax_head: [R]`; `blocks` = ⌈per / MLP_ROWS⌉ blocks per replica.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn lambda_mlp_kernel<E: Float>(
+pub fn lambda_mlp_kernel<E: Float, I: Int>(
     dl: &Tensor<E>,
     w1: &Tensor<E>,
     b1: &Tensor<E>,
     w2: &Tensor<E>,
     b2: &Tensor<E>,
+    softmax_head: &Tensor<I>,
     lambda: &mut Tensor<E>,
-    rows: usize,
+    replicas: usize,
+    per: usize,
+    blocks: usize,
     pitch: usize,
     out_pitch: usize,
     #[comptime] levels: usize,
     #[comptime] hidden: usize,
-    #[comptime] softmax: bool,
-    #[define(E)] _dtype: ElemType,
+    #[define(E, I)] _dtypes: [ElemType; 2],
 ) {
     let u = UNIT_POS_X as usize;
     let block = CUBE_POS_Y as usize * CUBE_COUNT_X as usize + CUBE_POS_X as usize;
+    let (rep, local) = (block / blocks, block % blocks);
     let mut sx = Shared::<[f32]>::new_slice(comptime!(MLP_ROWS * levels));
     let mut sy = Shared::<[f32]>::new_slice(comptime!(MLP_ROWS * levels));
     // Unused by the forward (`keep` is false): the smallest placeholders.
     let mut spre = Shared::<[f32]>::new_slice(1usize);
     let mut sh = Shared::<[f32]>::new_slice(1usize);
-    let row = block * MLP_ROWS + u;
-    if row < rows {
+    let in_replica = local * MLP_ROWS + u;
+    if rep < replicas && in_replica < per {
+        let row = rep * per + in_replica;
         let o = u * levels;
         for i in 0..levels {
             sx[o + i] = f32::cast_from(dl[row * pitch + i]);
         }
         row_logits::<E>(
-            &sx, &mut sy, w1, b1, w2, b2, &mut spre, &mut sh, o, 0, levels, hidden, false,
+            &sx, &mut sy, w1, b1, w2, b2, &mut spre, &mut sh, o, 0, rep, levels, hidden, false,
         );
-        if comptime!(softmax) {
+        if u32::cast_from(softmax_head[rep]) == 1 {
             let mut m = sy[o];
             for k in 1..levels {
                 m = f32::max(m, sy[o + k]);
@@ -156,36 +169,42 @@ pub fn lambda_mlp_kernel<E: Float>(
     }
 }
 
-/// The gradients of [`lambda_mlp_kernel`] for `dlambda`: `ddl: [rows, L]` (rows at `d_pitch`)
-/// and per-cube partial sums `p_w1: [cubes, L·hidden]`, `p_w2: [cubes, hidden·L]`, `p_b1:
-/// [cubes, hidden]`, `p_b2: [cubes, L]` (f32) of the weights' gradients.
+/// The gradients of [`lambda_mlp_kernel`] for `dlambda`: `ddl: [R · per, L]` (rows at
+/// `d_pitch`) and per-cube partial sums `p_w1: [R, cubes, L·hidden]`, `p_w2: [R, cubes,
+/// hidden·L]`, `p_b1: [R, cubes, hidden]`, `p_b2: [R, cubes, L]` (f32) of the weights' gradients.
+/// Grid: `cubes × R`, cube `(c, r)` walking replica `r`'s blocks `c, c + cubes, ...`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn lambda_mlp_backward_kernel<E: Float>(
+pub fn lambda_mlp_backward_kernel<E: Float, I: Int>(
     dl: &Tensor<E>,
     w1: &Tensor<E>,
     b1: &Tensor<E>,
     w2: &Tensor<E>,
     b2: &Tensor<E>,
+    softmax_head: &Tensor<I>,
     dlambda: &Tensor<E>,
     ddl: &mut Tensor<E>,
     p_w1: &mut Tensor<f32>,
     p_w2: &mut Tensor<f32>,
     p_b1: &mut Tensor<f32>,
     p_b2: &mut Tensor<f32>,
-    rows: usize,
+    per: usize,
     pitch: usize,
     g_pitch: usize,
     d_pitch: usize,
     #[comptime] levels: usize,
     #[comptime] hidden: usize,
-    #[comptime] softmax: bool,
-    #[define(E)] _dtype: ElemType,
+    #[define(E, I)] _dtypes: [ElemType; 2],
 ) {
     let u = UNIT_POS_X as usize;
     let cube = CUBE_POS_X as usize;
     let cubes = CUBE_COUNT_X as usize;
-    let blocks = rows.div_ceil(MLP_ROWS);
+    let rep = CUBE_POS_Y as usize;
+    let blocks = per.div_ceil(MLP_ROWS);
+    let softmax = u32::cast_from(softmax_head[rep]) == 1;
+    // Where this cube's partial sums go among all cubes of all replicas.
+    let slot = rep * cubes + cube;
+    let wo = rep * levels * hidden;
     let lh = comptime!(levels * hidden);
     let mut sx = Shared::<[f32]>::new_slice(comptime!(MLP_ROWS * levels));
     let mut sy = Shared::<[f32]>::new_slice(comptime!(MLP_ROWS * levels));
@@ -203,16 +222,17 @@ pub fn lambda_mlp_backward_kernel<E: Float>(
     let (o, oh) = (u * levels, u * hidden);
     let mut block = cube;
     while block < blocks {
-        let row = block * MLP_ROWS + u;
-        if row < rows {
+        let in_replica = block * MLP_ROWS + u;
+        if in_replica < per {
+            let row = rep * per + in_replica;
             for i in 0..levels {
                 sx[o + i] = f32::cast_from(dl[row * pitch + i]);
             }
             row_logits::<E>(
-                &sx, &mut sy, w1, b1, w2, b2, &mut spre, &mut sh, o, oh, levels, hidden, true,
+                &sx, &mut sy, w1, b1, w2, b2, &mut spre, &mut sh, o, oh, rep, levels, hidden, true,
             );
             // dy through the head, into sy.
-            if comptime!(softmax) {
+            if softmax {
                 let mut m = sy[o];
                 for k in 1..levels {
                     m = f32::max(m, sy[o + k]);
@@ -239,14 +259,14 @@ pub fn lambda_mlp_backward_kernel<E: Float>(
             for j in 0..hidden {
                 let mut dh = 0.0f32;
                 for k in 0..levels {
-                    dh += f32::cast_from(w2[j * levels + k]) * sy[o + k];
+                    dh += f32::cast_from(w2[wo + j * levels + k]) * sy[o + k];
                 }
                 spre[oh + j] = dh * gelu_grad(spre[oh + j]);
             }
             for i in 0..levels {
                 let mut d = 0.0f32;
                 for j in 0..hidden {
-                    d += f32::cast_from(w1[i * hidden + j]) * spre[oh + j];
+                    d += f32::cast_from(w1[wo + i * hidden + j]) * spre[oh + j];
                 }
                 ddl[row * d_pitch + i] = E::cast_from(d);
             }
@@ -296,13 +316,13 @@ pub fn lambda_mlp_backward_kernel<E: Float>(
     let mut e = u;
     while e < n_acc {
         if e < lh {
-            p_w1[cube * lh + e] = acc[e];
+            p_w1[slot * lh + e] = acc[e];
         } else if e < 2 * lh {
-            p_w2[cube * lh + e - lh] = acc[e];
+            p_w2[slot * lh + e - lh] = acc[e];
         } else if e < 2 * lh + hidden {
-            p_b1[cube * hidden + e - 2 * lh] = acc[e];
+            p_b1[slot * hidden + e - 2 * lh] = acc[e];
         } else {
-            p_b2[cube * levels + e - 2 * lh - hidden] = acc[e];
+            p_b2[slot * levels + e - 2 * lh - hidden] = acc[e];
         }
         e += MLP_ROWS;
     }
@@ -315,55 +335,67 @@ pub fn shared_bytes(levels: usize, hidden: usize) -> usize {
     4 * (2 * MLP_ROWS * levels + 2 * MLP_ROWS * hidden + 2 * levels * hidden + hidden + levels)
 }
 
-/// `(levels, hidden)` of the weights, checked against `dl`'s width.
-fn mlp_dims(dl: &CubeTensor, w1: &CubeTensor, w2: &CubeTensor) -> (usize, usize) {
-    let levels = rows_and_width(dl.meta.shape()).1;
-    let [l1, hidden] = w1.meta.shape().dims::<2>();
-    let [h2, l2] = w2.meta.shape().dims::<2>();
+/// `(replicas, levels, hidden, rows per replica)` of the weights and `dl`, checked: weights
+/// `w1: [L, H]` or `[R, L, H]` (and `w2` alike, transposed), `dl: [..., L]` with a row count
+/// that the replicas divide.
+fn mlp_dims(dl: &CubeTensor, w1: &CubeTensor, w2: &CubeTensor) -> (usize, usize, usize, usize) {
+    let (rows, levels) = rows_and_width(dl.meta.shape());
+    let (d1, d2) = (w1.meta.shape().as_slice(), w2.meta.shape().as_slice());
+    let (replicas, l1, hidden, h2, l2) = match (d1, d2) {
+        (&[l1, h], &[h2, l2]) => (1, l1, h, h2, l2),
+        (&[r, l1, h], &[r2, h2, l2]) if r == r2 => (r, l1, h, h2, l2),
+        _ => (0, 0, 0, 0, 0),
+    };
     assert!(
-        l1 == levels && l2 == levels && h2 == hidden,
-        "lambda_mlp: dl {:?} with W1 {:?} and W2 {:?} (expected [..., L], [L, H], [H, L])",
+        replicas > 0 && l1 == levels && l2 == levels && h2 == hidden && rows % replicas == 0,
+        "lambda_mlp: dl {:?} with W1 {d1:?} and W2 {d2:?} (expected [..., L], [(R,) L, H], \
+         [(R,) H, L], the rows of dl a multiple of R)",
         dl.meta.shape().as_slice(),
-        w1.meta.shape().as_slice(),
-        w2.meta.shape().as_slice()
     );
-    (levels, hidden)
+    (replicas, levels, hidden, rows / replicas)
 }
 
-/// λ of `dl: [..., L]` (see [`lambda_mlp_kernel`]); the weights are made contiguous and cast
-/// to `dl`'s dtype.
+/// λ of `dl: [..., L]` (see [`lambda_mlp_kernel`]; for `R` replicas, `dl`'s rows replica by
+/// replica); the weights are made contiguous and cast to `dl`'s dtype; `softmax_head: [R]`
+/// (integers, 1 = softmax, 0 = softplus).
 pub fn lambda_mlp(
     dl: CubeTensor,
     w1: CubeTensor,
     b1: CubeTensor,
     w2: CubeTensor,
     b2: CubeTensor,
-    softmax: bool,
+    softmax_head: CubeTensor,
 ) -> CubeTensor {
-    let (levels, hidden) = mlp_dims(&dl, &w1, &w2);
-    let rows = rows_and_width(dl.meta.shape()).0;
+    let (replicas, levels, hidden, per) = mlp_dims(&dl, &w1, &w2);
     let dtype = dl.dtype;
     let weight = |t: CubeTensor| into_contiguous(super::cast(t, dtype));
     let (dl, pitch) = rows_of(dl);
     let (lambda, out_pitch) = new_rows(&dl);
-    if rows > 0 {
+    let blocks = per.div_ceil(MLP_ROWS);
+    if per > 0 {
+        let dtypes = [
+            dtype_to_storage_type(dtype),
+            dtype_to_storage_type(softmax_head.dtype),
+        ];
         lambda_mlp_kernel::launch(
             &dl.client.clone(),
-            row_grid(rows.div_ceil(MLP_ROWS)),
+            row_grid(replicas * blocks),
             CubeDim::new_1d(MLP_ROWS as u32),
             dl.clone().into_tensor_arg(),
             weight(w1).into_tensor_arg(),
             weight(b1).into_tensor_arg(),
             weight(w2).into_tensor_arg(),
             weight(b2).into_tensor_arg(),
+            into_contiguous(softmax_head).into_tensor_arg(),
             lambda.clone().into_tensor_arg(),
-            rows,
+            replicas,
+            per,
+            blocks,
             pitch,
             out_pitch,
             levels,
             hidden,
-            softmax,
-            dtype_to_storage_type(dtype),
+            dtypes,
         );
     }
     lambda
@@ -378,24 +410,26 @@ pub fn lambda_mlp_backward(
     b1: CubeTensor,
     w2: CubeTensor,
     b2: CubeTensor,
+    softmax_head: CubeTensor,
     dlambda: CubeTensor,
-    softmax: bool,
 ) -> [CubeTensor; 5] {
-    let (levels, hidden) = mlp_dims(&dl, &w1, &w2);
-    let rows = rows_and_width(dl.meta.shape()).0;
+    let (replicas, levels, hidden, per) = mlp_dims(&dl, &w1, &w2);
     let dtype = dl.dtype;
-    let weight_dtypes = [w1.dtype, b1.dtype, w2.dtype, b2.dtype];
+    let shapes = [&w1, &b1, &w2, &b2].map(|t| (t.meta.shape().clone(), t.dtype));
     let weight = |t: CubeTensor| into_contiguous(super::cast(t, dtype));
     let (dl, pitch) = rows_of(dl);
     let (dlambda, g_pitch) = rows_of(super::cast(dlambda, dtype));
     let (ddl, d_pitch) = new_rows(&dl);
-    let cubes = rows.div_ceil(MLP_ROWS).clamp(1, BACKWARD_CUBES);
+    // Cubes per replica: about BACKWARD_CUBES in all.
+    let cubes = per
+        .div_ceil(MLP_ROWS)
+        .clamp(1, (BACKWARD_CUBES / replicas).max(1));
     let (client, device) = (dl.client.clone(), dl.device.clone());
     let partial = |width: usize| {
         empty_device_contiguous_dtype(
             client.clone(),
             device.clone(),
-            Shape::new([cubes, width]),
+            Shape::new([replicas, cubes, width]),
             DType::F32,
         )
     };
@@ -405,39 +439,44 @@ pub fn lambda_mlp_backward(
         partial(hidden),
         partial(levels),
     );
+    let dtypes = [
+        dtype_to_storage_type(dtype),
+        dtype_to_storage_type(softmax_head.dtype),
+    ];
     lambda_mlp_backward_kernel::launch(
         &client,
-        CubeCount::Static(cubes as u32, 1, 1),
+        CubeCount::Static(cubes as u32, replicas as u32, 1),
         CubeDim::new_1d(MLP_ROWS as u32),
         dl.into_tensor_arg(),
         weight(w1).into_tensor_arg(),
         weight(b1).into_tensor_arg(),
         weight(w2).into_tensor_arg(),
         weight(b2).into_tensor_arg(),
+        into_contiguous(softmax_head).into_tensor_arg(),
         dlambda.into_tensor_arg(),
         ddl.clone().into_tensor_arg(),
         p_w1.clone().into_tensor_arg(),
         p_w2.clone().into_tensor_arg(),
         p_b1.clone().into_tensor_arg(),
         p_b2.clone().into_tensor_arg(),
-        rows,
+        per,
         pitch,
         g_pitch,
         d_pitch,
         levels,
         hidden,
-        softmax,
-        dtype_to_storage_type(dtype),
+        dtypes,
     );
     // The cubes' partial sums added, in the weights' own shapes and dtypes.
-    let total = |p: CubeTensor, shape: Shape, dtype: DType| {
-        super::cast(Cb::float_reshape(Cb::float_sum_dim(p, 0), shape), dtype)
+    let total = |p: CubeTensor, (shape, dtype): (Shape, DType)| {
+        super::cast(Cb::float_reshape(Cb::float_sum_dim(p, 1), shape), dtype)
     };
+    let [s_w1, s_b1, s_w2, s_b2] = shapes;
     [
         ddl,
-        total(p_w1, Shape::new([levels, hidden]), weight_dtypes[0]),
-        total(p_b1, Shape::new([hidden]), weight_dtypes[1]),
-        total(p_w2, Shape::new([hidden, levels]), weight_dtypes[2]),
-        total(p_b2, Shape::new([levels]), weight_dtypes[3]),
+        total(p_w1, s_w1),
+        total(p_b1, s_b1),
+        total(p_w2, s_w2),
+        total(p_b2, s_b2),
     ]
 }

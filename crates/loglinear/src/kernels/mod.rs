@@ -312,8 +312,10 @@ pub fn attention_softmax_reference<const D: usize>(
 #[backend_extension(Cube, Fusion: cfg(feature = "fusion"), Autodiff)]
 pub trait LambdaMlpKernels: Backend {
     /// `λ = head(W2 · gelu(W1 · dl + b1) + b2)` per row of `dl: [..., L]` (`head` a softmax
-    /// over the `L` levels with `softmax`, else softplus), in the dtype of `dl` (computed in
-    /// f32); `w1: [L, hidden]`, `b1: [hidden]`, `w2: [hidden, L]`, `b2: [L]`.
+    /// over the `L` levels where `softmax_head` is 1, else softplus), in the dtype of `dl`
+    /// (computed in f32); `w1: [L, hidden]`, `b1: [hidden]`, `w2: [hidden, L]`, `b2: [L]`,
+    /// `softmax_head: [1]` — or, for `R` replicas, a leading axis `R` on every weight and on
+    /// `softmax_head`, and `dl`'s rows replica by replica.
     #[fusion(dtype = dl, shape = dl)]
     fn lambda_mlp(
         dl: FloatTensor<Self>,
@@ -321,13 +323,13 @@ pub trait LambdaMlpKernels: Backend {
         b1: FloatTensor<Self>,
         w2: FloatTensor<Self>,
         b2: FloatTensor<Self>,
-        softmax: bool,
+        softmax_head: IntTensor<Self>,
     ) -> FloatTensor<Self>;
 
     /// The gradients `(ddl, dW1, db1, dW2, db2)` of [`Self::lambda_mlp`] for the output
     /// gradient `dlambda`, each in the shape and dtype of its tensor.
     #[allow(clippy::type_complexity, clippy::too_many_arguments)]
-    #[fusion(meta = |dl, w1, b1, w2, b2, _dlambda, _softmax| (
+    #[fusion(meta = |dl, w1, b1, w2, b2, _softmax_head, _dlambda| (
         burn::backend::fusion::custom::TensorSpec::new(dl.shape.clone(), dl.dtype),
         burn::backend::fusion::custom::TensorSpec::new(w1.shape.clone(), w1.dtype),
         burn::backend::fusion::custom::TensorSpec::new(b1.shape.clone(), b1.dtype),
@@ -340,8 +342,8 @@ pub trait LambdaMlpKernels: Backend {
         b1: FloatTensor<Self>,
         w2: FloatTensor<Self>,
         b2: FloatTensor<Self>,
+        softmax_head: IntTensor<Self>,
         dlambda: FloatTensor<Self>,
-        softmax: bool,
     ) -> (
         FloatTensor<Self>,
         FloatTensor<Self>,
@@ -358,9 +360,9 @@ impl LambdaMlpKernels for CubeBackend {
         b1: FloatTensor<Self>,
         w2: FloatTensor<Self>,
         b2: FloatTensor<Self>,
-        softmax: bool,
+        softmax_head: IntTensor<Self>,
     ) -> FloatTensor<Self> {
-        lambda_mlp::lambda_mlp(dl, w1, b1, w2, b2, softmax)
+        lambda_mlp::lambda_mlp(dl, w1, b1, w2, b2, softmax_head)
     }
 
     fn lambda_mlp_backward(
@@ -369,8 +371,8 @@ impl LambdaMlpKernels for CubeBackend {
         b1: FloatTensor<Self>,
         w2: FloatTensor<Self>,
         b2: FloatTensor<Self>,
+        softmax_head: IntTensor<Self>,
         dlambda: FloatTensor<Self>,
-        softmax: bool,
     ) -> (
         FloatTensor<Self>,
         FloatTensor<Self>,
@@ -379,7 +381,7 @@ impl LambdaMlpKernels for CubeBackend {
         FloatTensor<Self>,
     ) {
         let [ddl, dw1, db1, dw2, db2] =
-            lambda_mlp::lambda_mlp_backward(dl, w1, b1, w2, b2, dlambda, softmax);
+            lambda_mlp::lambda_mlp_backward(dl, w1, b1, w2, b2, softmax_head, dlambda);
         (ddl, dw1, db1, dw2, db2)
     }
 }
@@ -391,14 +393,14 @@ impl<B: Backend + LambdaMlpKernels, C: CheckpointStrategy> LambdaMlpKernels for 
         b1: FloatTensor<Self>,
         w2: FloatTensor<Self>,
         b2: FloatTensor<Self>,
-        softmax: bool,
+        softmax_head: IntTensor<Self>,
     ) -> FloatTensor<Self> {
         #[derive(Debug)]
         struct MlpBackward;
 
         impl<B: Backend + LambdaMlpKernels> Backward<B, 5> for MlpBackward {
-            // The inputs (the backward recomputes the hidden layer) and the head.
-            type State = ([FloatTensor<B>; 5], bool);
+            // The inputs (the backward recomputes the hidden layer) and the heads.
+            type State = ([FloatTensor<B>; 5], IntTensor<B>);
 
             fn backward(
                 self,
@@ -407,9 +409,9 @@ impl<B: Backend + LambdaMlpKernels, C: CheckpointStrategy> LambdaMlpKernels for 
                 _checkpointer: &mut Checkpointer,
             ) {
                 let grad = grads.consume::<B>(&ops.node);
-                let ([dl, w1, b1, w2, b2], softmax) = ops.state;
+                let ([dl, w1, b1, w2, b2], softmax_head) = ops.state;
                 let (ddl, dw1, db1, dw2, db2) =
-                    B::lambda_mlp_backward(dl, w1, b1, w2, b2, grad, softmax);
+                    B::lambda_mlp_backward(dl, w1, b1, w2, b2, softmax_head, grad);
                 for (parent, g) in ops.parents.into_iter().zip([ddl, dw1, db1, dw2, db2]) {
                     if let Some(node) = parent {
                         grads.register::<B>(node.id, g);
@@ -427,9 +429,9 @@ impl<B: Backend + LambdaMlpKernels, C: CheckpointStrategy> LambdaMlpKernels for 
             b2.into_primitive(),
         ];
         let [a, b, c, d, e] = inputs.clone();
-        let lambda = B::lambda_mlp(a, b, c, d, e, softmax);
+        let lambda = B::lambda_mlp(a, b, c, d, e, softmax_head.clone());
         match MlpBackward.prepare::<C>(nodes).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => prep.finish((inputs, softmax), lambda),
+            OpsKind::Tracked(prep) => prep.finish((inputs, softmax_head), lambda),
             OpsKind::UnTracked(prep) => prep.finish(lambda),
         }
     }
@@ -440,8 +442,8 @@ impl<B: Backend + LambdaMlpKernels, C: CheckpointStrategy> LambdaMlpKernels for 
         b1: FloatTensor<Self>,
         w2: FloatTensor<Self>,
         b2: FloatTensor<Self>,
+        softmax_head: IntTensor<Self>,
         dlambda: FloatTensor<Self>,
-        softmax: bool,
     ) -> (
         FloatTensor<Self>,
         FloatTensor<Self>,
@@ -456,18 +458,49 @@ impl<B: Backend + LambdaMlpKernels, C: CheckpointStrategy> LambdaMlpKernels for 
             b1.into_primitive(),
             w2.into_primitive(),
             b2.into_primitive(),
+            softmax_head,
             dlambda.into_primitive(),
-            softmax,
         );
         let inner = <Self as AutodiffBackend>::from_inner;
         (inner(a), inner(b), inner(c), inner(d), inner(e))
     }
 }
 
-/// λ of the MLP modes by the kernels above on a CubeCL device (`None` elsewhere, for a mode
+/// The λ-MLP kernels' λ for weights `[w1, b1, w2, b2]` (each with or without a leading replica
+/// axis) and one head per replica (`true`: softmax), or `None` where they do not run: not a
+/// CubeCL device, or widths whose backward does not fit a cube's shared memory (a hidden width
+/// of 128 at 15 levels needs 53 KB) — the caller then uses the tensor version.
+fn lambda_mlp_kernels<const DW: usize, const DB: usize>(
+    dl: &Tensor<4>,
+    (w1, b1, w2, b2): (Tensor<DW>, Tensor<DB>, Tensor<DW>, Tensor<DB>),
+    softmax_heads: &[bool],
+) -> Option<Tensor<4>> {
+    let device = dl.device();
+    let [levels, hidden] = [w1.dims()[DW - 2], w1.dims()[DW - 1]];
+    let fits = |max: usize| lambda_mlp::shared_bytes(levels, hidden) <= max;
+    if !max_shared_memory(&device).is_some_and(fits) {
+        return None;
+    }
+    let heads: Vec<i32> = softmax_heads.iter().map(|&s| s as i32).collect();
+    let heads = Tensor::<1, Int>::from_data(
+        burn::tensor::TensorData::new(heads, [softmax_heads.len()]),
+        &device,
+    );
+    let lambda = <burn::backend::Dispatch as LambdaMlpKernels>::lambda_mlp(
+        dl.clone().into_dispatch(),
+        w1.into_dispatch(),
+        b1.into_dispatch(),
+        w2.into_dispatch(),
+        b2.into_dispatch(),
+        heads.into_dispatch(),
+    );
+    Some(Tensor::from_dispatch(lambda))
+}
+
+/// λ of an MLP mode by the kernels above on a CubeCL device (`None` elsewhere, for a mode
 /// without an MLP, or for widths whose backward does not fit a cube's shared memory: the caller
-/// uses [`crate::nn::LambdaMlp::logits`] and
-/// [`crate::nn::LambdaMlp::head`], the definition the kernels are tested against).
+/// uses [`crate::nn::LambdaMlp::logits`] and [`crate::nn::LambdaMlp::head`], the definition the
+/// kernels are tested against).
 ///
 /// # Shapes
 /// `dl: [B, T, H, L]` → `λ: [B, T, H, L]`.
@@ -482,22 +515,37 @@ pub fn fused_lambda_mlp(
         LambdaMode::MlpSoftmax => true,
         LambdaMode::Linear | LambdaMode::Ones => return None,
     };
-    // Where a cube's shared memory cannot hold the backward's rows and sums (a hidden width of
-    // 128 at 15 levels needs 53 KB), the tensor version runs instead.
-    let [levels, hidden] = mlp.w1.dims();
-    let fits = |max: usize| lambda_mlp::shared_bytes(levels, hidden) <= max;
-    if !max_shared_memory(&dl.device()).is_some_and(fits) {
+    if !is_cube_device(&dl.device()) {
         return None;
     }
-    let lambda = <burn::backend::Dispatch as LambdaMlpKernels>::lambda_mlp(
-        dl.clone().into_dispatch(),
-        mlp.w1.val().into_dispatch(),
-        mlp.b1.val().into_dispatch(),
-        mlp.w2.val().into_dispatch(),
-        mlp.b2.val().into_dispatch(),
-        softmax,
-    );
-    Some(Tensor::from_dispatch(lambda))
+    let weights = (mlp.w1.val(), mlp.b1.val(), mlp.w2.val(), mlp.b2.val());
+    lambda_mlp_kernels(dl, weights, &[softmax])
+}
+
+/// λ of every replica of a pack (each with its own MLP and its own MLP mode) by the same
+/// kernels, or `None` as [`fused_lambda_mlp`] (or when a replica's mode has no MLP).
+///
+/// # Shapes
+/// `dl: [R, M, H, L]` → `λ: [R, M, H, L]`.
+pub fn fused_packed_lambda_mlp(
+    dl: &Tensor<4>,
+    mlp: &crate::nn::PackedLambdaMlp,
+    modes: &[crate::nn::LambdaMode],
+) -> Option<Tensor<4>> {
+    use crate::nn::LambdaMode;
+    let softmax: Option<Vec<bool>> = modes
+        .iter()
+        .map(|m| match m {
+            LambdaMode::MlpSoftplus => Some(false),
+            LambdaMode::MlpSoftmax => Some(true),
+            LambdaMode::Linear | LambdaMode::Ones => None,
+        })
+        .collect();
+    if !is_cube_device(&dl.device()) || modes.len() != dl.dims()[0] {
+        return None;
+    }
+    let weights = (mlp.w1.val(), mlp.b1.val(), mlp.w2.val(), mlp.b2.val());
+    lambda_mlp_kernels(dl, weights, &softmax?)
 }
 
 /// Whether `device` runs CubeCL kernels (directly or under autodiff).

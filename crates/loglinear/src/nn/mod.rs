@@ -18,6 +18,6 @@ pub use lambda::{LambdaConfig, LambdaInit, LambdaMlp, LambdaMode, LevelWeights};
 pub use loss::{cross_entropy_padded_tokens, cross_entropy_rows, cross_entropy_tokens};
 pub use mixer::{LogLinearMamba2, MixerConfig, MixerKind, MixerOutput, MixerState};
 pub use model::{LmConfig, LmOutput, LogLinearLm, ModelState};
-pub use packed::{PackedSyntheticLm, packable};
+pub use packed::{PackedLambdaMlp, PackedSyntheticLm, packable};
 pub use synthetic::{SyntheticConfig, SyntheticLm};
 pub use transformer::{TransformerConfig, TransformerLm, TransformerState};

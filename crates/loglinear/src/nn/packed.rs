@@ -116,6 +116,10 @@ impl PackedLevelWeights {
             .mlp
             .as_ref()
             .expect("PackedLevelWeights: an MLP or a scale");
+        #[cfg(feature = "kernels")]
+        if let Some(lambda) = crate::kernels::fused_packed_lambda_mlp(&dl, mlp, &self.modes) {
+            return lambda;
+        }
         let dt = dl.dtype();
         // Each replica's MLP over its [M·H, L] rows: one batched matmul per weight.
         let rows = dl.reshape([r, m * h, l]);
