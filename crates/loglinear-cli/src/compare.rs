@@ -115,8 +115,9 @@ pub fn comparisons(rows: &[SummaryRow], options: &SummaryOptions) -> String {
              ({RESAMPLES} resamples of the seeds). Both treat the two groups' runs as \
              independent; runs with the same seed see the same data (the tasks' generators are \
              seeded by the run's seed) and their outcomes go together, so the **paired** column \
-             matches the runs by seed (and pooled values): `b/c` = pairs where only the baseline / only this value solved, \
-             with the exact McNemar p-value (two-sided binomial test on the discordant pairs).",
+             matches the runs by seed (and pooled values): `b/c` = pairs where only the \
+             baseline / only this value solved, with the exact McNemar p-value (two-sided \
+             binomial test on the discordant pairs).",
             options.baseline,
             100.0 * CONFIDENCE
         ));
