@@ -283,30 +283,6 @@ pub fn attention_softmax<const D: usize>(
     Some(Tensor::from_dispatch(probs))
 }
 
-/// The plain tensor version of [`attention_softmax`], on any device: the definition the kernels
-/// are tested against.
-///
-/// # Shapes
-/// `scores: [..., queries, keys]` → the same.
-pub fn attention_softmax_reference<const D: usize>(
-    scores: Tensor<D>,
-    scale: f32,
-    past: usize,
-) -> Tensor<D> {
-    let dims = scores.dims();
-    let (queries, keys) = (dims[D - 2], dims[D - 1]);
-    let device = scores.device();
-    // Key j is hidden from query i when j > past + i (`tril_mask` is true above that diagonal).
-    let hidden = Tensor::<2, Bool>::tril_mask([queries, keys], past as i64, &device);
-    let mut shape = [1; D];
-    shape[D - 2] = queries;
-    shape[D - 1] = keys;
-    let hidden = hidden.reshape(shape).expand(dims);
-    let x = (scores.cast(burn::tensor::DType::F32) * scale)
-        .mask_fill(hidden.clone(), f32::NEG_INFINITY);
-    burn::tensor::activation::softmax(x, D - 1).mask_fill(hidden, 0.0)
-}
-
 /// The λ-MLP as two CubeCL kernels with their own backward ([`lambda_mlp`]): the entry point
 /// is [`fused_lambda_mlp`].
 #[backend_extension(Cube, Fusion: cfg(feature = "fusion"), Autodiff)]
