@@ -65,6 +65,24 @@ fn sigmoid(y: f32) -> f32 {
     1.0f32 / (1.0f32 + (-y).exp())
 }
 
+/// `y[o .. o + L]` replaced by `softmax(y)` (shifted by its maximum), one row of one unit.
+#[cube]
+fn softmax_in_place(y: &mut Shared<[f32]>, o: usize, #[comptime] levels: usize) {
+    let mut m = y[o];
+    for k in 1..levels {
+        m = f32::max(m, y[o + k]);
+    }
+    let mut s = 0.0f32;
+    for k in 0..levels {
+        let e = (y[o + k] - m).exp();
+        y[o + k] = e;
+        s += e;
+    }
+    for k in 0..levels {
+        y[o + k] /= s;
+    }
+}
+
 /// The logits `y = W2 · gelu(W1 · x + b1) + b2` of the row whose `x` is at `sx[o .. o + L]`,
 /// written to `sy[o .. o + L]`; with `keep`, each `pre_j = (W1 · x + b1)_j` and `gelu(pre_j)` go
 /// to `spre[oh + j]` and `sh[oh + j]`; the weights are replica `rep`'s. The weights are read from global memory: all units of a
@@ -150,16 +168,9 @@ pub fn lambda_mlp_kernel<E: Float, I: Int>(
             &sx, &mut sy, w1, b1, w2, b2, &mut spre, &mut sh, o, 0, rep, levels, hidden, false,
         );
         if u32::cast_from(softmax_head[rep]) == 1 {
-            let mut m = sy[o];
-            for k in 1..levels {
-                m = f32::max(m, sy[o + k]);
-            }
-            let mut s = 0.0f32;
+            softmax_in_place(&mut sy, o, levels);
             for k in 0..levels {
-                s += (sy[o + k] - m).exp();
-            }
-            for k in 0..levels {
-                lambda[row * out_pitch + k] = E::cast_from((sy[o + k] - m).exp() / s);
+                lambda[row * out_pitch + k] = E::cast_from(sy[o + k]);
             }
         } else {
             for k in 0..levels {
@@ -233,22 +244,14 @@ pub fn lambda_mlp_backward_kernel<E: Float, I: Int>(
             );
             // dy through the head, into sy.
             if softmax {
-                let mut m = sy[o];
-                for k in 1..levels {
-                    m = f32::max(m, sy[o + k]);
-                }
-                let mut s = 0.0f32;
-                for k in 0..levels {
-                    s += (sy[o + k] - m).exp();
-                }
+                // dy = p ⊙ (g − Σ p g), p the head's probabilities.
+                softmax_in_place(&mut sy, o, levels);
                 let mut dot = 0.0f32;
                 for k in 0..levels {
-                    let p = (sy[o + k] - m).exp() / s;
-                    dot += p * f32::cast_from(dlambda[row * g_pitch + k]);
+                    dot += sy[o + k] * f32::cast_from(dlambda[row * g_pitch + k]);
                 }
                 for k in 0..levels {
-                    let p = (sy[o + k] - m).exp() / s;
-                    sy[o + k] = p * (f32::cast_from(dlambda[row * g_pitch + k]) - dot);
+                    sy[o + k] *= f32::cast_from(dlambda[row * g_pitch + k]) - dot;
                 }
             } else {
                 for k in 0..levels {
