@@ -3,7 +3,7 @@
 #   smoke | profile | profile-fwd | commands | kernels | op | op-check | train-fused | train-forms | commands-lm | op-long | op-chunked | train | train-short
 #   | train-long | train-32k | decode
 #   | mqar-timing | train-cold:LEVEL | train-modes:LEVEL:T:B | train-step:T:B | pack-alone | pack-grid:STEPS | grid:T[:STEPS]
-#   | sweep:CONFIG:JOBS[:SET,SET...] | lm-eval:NAME | op-gdn | gemm | cache-save | cold-compile | pack-profile
+#   | sweep:CONFIG:JOBS[:SET,SET...] | resume:CONFIG | lm-viz:NAME | none | lm-eval:NAME | op-gdn | gemm | cache-save | cold-compile | pack-profile
 # bin-gpu/loglinear.xz is built by scripts/build-gpu.sh and carried over; results go to $OUT.
 set -uo pipefail
 export CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
@@ -12,13 +12,11 @@ out=${OUT:-/tmp/out}
 # Compiled kernels persist across the processes of this call (see src/kernel_cache.rs).
 export LOGLINEAR_KERNEL_CACHE=${LOGLINEAR_KERNEL_CACHE:-/tmp/loglinear-kernel-cache}
 mkdir -p "$out"
-# A kernel cache brought back by `cache-save` from an earlier machine (bin-gpu/kernel-cache.tar.xz,
-# carried with the binary) spares a fresh machine its first-process compilation; the cold-start
-# steps (train-cold:*) use their own empty cache folders.
-# Without one, the committed cache (bench/cache/: the LM, MQAR packs and the Gated DeltaNet op;
-# four minutes of autotuning) is the start.
+# A kernel cache carried in bin-gpu/kernel-cache.tar.xz (brought back by `cache-save` from an
+# earlier machine, or the H200 archive kept in git history: scripts/kernel-cache.sh) spares a
+# fresh machine its first-process compilation (≈ 30 s); the cold-start steps (train-cold:*) use
+# their own empty cache folders. Without one, the first process compiles.
 cache_archive=bin-gpu/kernel-cache.tar.xz
-[[ -f $cache_archive ]] || cache_archive=bench/cache/h200.tar.xz
 if [[ -f $cache_archive && ! -d $LOGLINEAR_KERNEL_CACHE ]]; then
     mkdir -p "$LOGLINEAR_KERNEL_CACHE" && tar xJf "$cache_archive" -C "$LOGLINEAR_KERNEL_CACHE"
     echo "kernel cache restored from $cache_archive: $(du -sh "$LOGLINEAR_KERNEL_CACHE" | cut -f1)"
@@ -266,6 +264,44 @@ grid:*)
         | tar cf - -T - | split -b 15m -d - "$out/grid-$len-" --additional-suffix=.tar)
     ls -la "$out"/grid-$len-*.tar
     ;;
+resume:*)
+    # A sweep that may outlast one call: `resume:CONFIG`, with $JOBS packs at a time (default 2),
+    # $PACK runs per pack (default: the sweep's own choice) and $SETS (`;`-separated --set
+    # values). Runs carried in bin-gpu/parts/NAME-state-*.tar (this step's parts from an earlier
+    # call) are restored first: finished runs are skipped, the others resume from their last
+    # checkpoint. Back: NAME-metrics.tgz (every run without its model files) and the state to
+    # resume from in ≤ 15 MiB parts NAME-state-NN.tar (each run's last checkpoint, no best/:
+    # ≈ 0.65 MB a run of the paper's MQAR model), also for finished runs (their final models).
+    config=${s#resume:}
+    name=$(basename "$config" .toml)
+    dir=/tmp/sweeps/$name; mkdir -p /tmp/sweeps
+    shopt -s nullglob
+    parts=(bin-gpu/parts/$name-state-*.tar)
+    if (( ${#parts[@]} )); then
+        cat "${parts[@]}" | tar xf - -C /tmp/sweeps
+        echo "restored $(ls -d "$dir"/*/ | wc -l) runs of $name from ${#parts[@]} carried parts"
+    fi
+    args=(--jobs "${JOBS:-2}")
+    [[ -n ${PACK:-} ]] && args+=(--pack "$PACK")
+    IFS=';' read -ra kv <<< "${SETS:-}"
+    for x in "${kv[@]}"; do [[ -n $x ]] && args+=(--set "$x"); done
+    step "sweep $config, resumable, ${args[*]}"
+    /usr/bin/time -f "sweep $name wall %e s" timeout $(left ${RESUME_TIMEOUT:-540}) $bin sweep "$config" \
+        --device cuda --out "$dir" "${args[@]}" 2>&1 | grep -v "holds no run yet" | cut -c1-220 \
+        | grep -vE "^\s*$" | tail -60 | tee "$out/$name.txt"
+    (cd /tmp/sweeps && tar czf "$out/$name-metrics.tgz" --exclude='*.safetensors' --exclude='*.bpk' \
+        --exclude='checkpoints' --exclude='best' "$name")
+    # Per run: everything but best/ and all checkpoints except the one `latest` names.
+    (cd /tmp/sweeps && for r in "$name"/*/; do
+        r=${r%/}
+        find "$r" -path "$r/best" -prune -o -path "$r/checkpoints" -prune -o -type f -print
+        if [[ -f $r/checkpoints/latest ]]; then
+            echo "$r/checkpoints/latest"
+            find "$r/checkpoints/$(cat "$r/checkpoints/latest")" -type f
+        fi
+    done | tar cf - -T - | split -b 15m -d - "$out/$name-state-" --additional-suffix=.tar)
+    ls -la "$out"/$name-*
+    ;;
 cold-compile)
     # What a cold process spends before its first step: a small LM (D = 128, 2 layers,
     # T = 256 × 8) from an empty cache; wall time, kernels compiled, the step time. (Session 7
@@ -311,6 +347,19 @@ cache-save)
     step "kernel cache: $(du -sh "$LOGLINEAR_KERNEL_CACHE" 2>/dev/null | cut -f1)"
     tar cf - -C "$LOGLINEAR_KERNEL_CACHE" . | xz -T0 -6 > "$out/kernel-cache.tar.xz"
     ls -la "$out/kernel-cache.tar.xz"
+    ;;
+none) ;;  # only the set-up above: the binary unpacked, the kernel cache restored
+lm-viz:*)
+    # λ of the seed-0 run of every λ mode of a language-model sweep folder (heat-maps, per-level
+    # means, lambda.csv), one archive: lm-viz:NAME, from /tmp/sweeps/NAME.
+    name=${s#lm-viz:}
+    step "λ of the seed-0 runs of $name"
+    rm -rf "/tmp/viz-$name"; mkdir -p "/tmp/viz-$name"
+    for r in /tmp/sweeps/$name/*seed=0/; do
+        r=${r%/}
+        timeout $(left 60) $bin viz "$r" --out "/tmp/viz-$name/$(basename "$r")" --device cuda 2>&1 | tail -1
+    done
+    (cd /tmp && tar czf "$out/viz-$name.tgz" "viz-$name")
     ;;
 *) echo "unknown step $s" ;;
 esac

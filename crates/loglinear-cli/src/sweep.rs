@@ -447,11 +447,9 @@ pub fn summarise_with(sweep_dir: &Path, options: &SummaryOptions) -> Result<Vec<
     for point in &index.points {
         let run_dir = sweep_dir.join(&point.dir);
         let path = run_dir.join("summary.json");
-        let metrics = run_dir.join("metrics.jsonl");
-        let curve = if metrics.exists() {
-            eval_curve(&metrics)?
-        } else {
-            Vec::new()
+        let curve = match train::run_metrics_path(&run_dir) {
+            Some(metrics) => eval_curve(&metrics)?,
+            None => Vec::new(),
         };
         let info = match fs::read(&path) {
             Ok(bytes) => RunInfo {
@@ -967,7 +965,9 @@ fn plot_all_curves(dir: &Path, index: &SweepIndex) -> Result<Vec<PathBuf>> {
     let mut series = Vec::new();
     let mut lm = false;
     for point in &index.points {
-        let Ok(metrics) = train::read_metrics(&dir.join(&point.dir).join("metrics.jsonl")) else {
+        let Some(Ok(metrics)) =
+            train::run_metrics_path(&dir.join(&point.dir)).map(|p| train::read_metrics(&p))
+        else {
             continue;
         };
         lm |= metrics.iter().any(|m| m.get("eval_ppl").is_some());

@@ -632,10 +632,28 @@ pub(crate) fn summarise(
     })
 }
 
-/// Every line of a `metrics.jsonl`.
+/// The metrics log of a run folder: `metrics.jsonl` as a run writes it, or
+/// `metrics.jsonl.gz` where committed results keep it compressed (a 20,000-step MQAR run logs
+/// ≈ 300 kB; everything tracked travels with each GPU call). `None` when neither exists.
+pub fn run_metrics_path(run_dir: &Path) -> Option<PathBuf> {
+    ["metrics.jsonl", "metrics.jsonl.gz"]
+        .iter()
+        .map(|name| run_dir.join(name))
+        .find(|p| p.exists())
+}
+
+/// Every line of a `metrics.jsonl` (gzip-compressed when the name ends in `.gz`).
 pub fn read_metrics(path: &Path) -> Result<Vec<serde_json::Value>> {
-    let text =
-        fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let cannot = || format!("cannot read {}", path.display());
+    let text = if path.extension().is_some_and(|e| e == "gz") {
+        let mut text = String::new();
+        let file = fs::File::open(path).with_context(cannot)?;
+        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(file), &mut text)
+            .with_context(cannot)?;
+        text
+    } else {
+        fs::read_to_string(path).with_context(cannot)?
+    };
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {

@@ -239,7 +239,9 @@ pub fn visualise_run(
 
 /// Training loss and held-out accuracy against the step, from `metrics.jsonl`.
 pub fn plot_curves(run_dir: &Path, out: &Path) -> Result<Vec<PathBuf>> {
-    let metrics = read_metrics(&run_dir.join("metrics.jsonl"))?;
+    let path = crate::train::run_metrics_path(run_dir)
+        .with_context(|| format!("no metrics.jsonl(.gz) in {}", run_dir.display()))?;
+    let metrics = read_metrics(&path)?;
     let series = |key: &str, scale: f64| -> Vec<(f64, f64)> {
         metrics
             .iter()

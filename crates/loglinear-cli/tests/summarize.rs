@@ -141,6 +141,19 @@ fn solved_counts_intervals_and_comparisons() {
     assert!(md.contains("**1 runs have not finished"), "{md}");
     assert!(md.contains("**1 runs never finished"), "{md}");
 
+    // Committed results keep the metrics gzip-compressed: the same summary from metrics.jsonl.gz
+    // (the by-step counts and the cut-short run come from the metrics alone).
+    for point in &index.points {
+        let plain = dir.join(&point.dir).join("metrics.jsonl");
+        let Ok(text) = fs::read(&plain) else { continue };
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        std::io::Write::write_all(&mut gz, &text).unwrap();
+        fs::write(plain.with_extension("jsonl.gz"), gz.finish().unwrap()).unwrap();
+        fs::remove_file(&plain).unwrap();
+    }
+    summarise_with(dir, &options).unwrap();
+    assert_eq!(fs::read_to_string(dir.join("summary.md")).unwrap(), md);
+
     // Another baseline and threshold: nothing solved at 100 %.
     let strict = SummaryOptions {
         solved_at: 1.0,
