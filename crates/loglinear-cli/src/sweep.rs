@@ -122,6 +122,9 @@ pub fn run_sweep(file: &ConfigFile, out: &Path, opts: &SweepOptions) -> Result<V
             );
         }
     }
+    if let Some(warning) = concurrency_warning(&packs, opts.jobs, is_gpu(&device)) {
+        eprintln!("{warning}");
+    }
     if opts.jobs <= 1 && devices.len() == 1 {
         let mut failed = Vec::new();
         for pack in packs {
@@ -167,6 +170,26 @@ pub fn run_sweep(file: &ConfigFile, out: &Path, opts: &SweepOptions) -> Result<V
         run_children(packs, total, &devices, opts.jobs.max(1))?;
     }
     summarise(out)
+}
+
+/// Processes per GPU beyond which unpacked runs lose throughput (see [`concurrency_warning`]).
+const GPU_JOBS_WORTH_IT: usize = 2;
+
+/// A warning when `jobs` processes per GPU would each train a single run: without MPS a GPU
+/// time-slices between the processes' contexts, and a launch-bound small model gains nothing.
+/// Measured on an H200 (bench/RESULTS.md, session 11): 15 D = 256 language-model runs as 15
+/// processes trained at 75 k tokens/s together, one run alone at 100 k. Packs are exempt: a
+/// pack is one process for many runs, and two packs side by side did gain there.
+fn concurrency_warning<T>(packs: &[Vec<T>], jobs: usize, gpu: bool) -> Option<String> {
+    let single = packs.iter().filter(|p| p.len() == 1).count();
+    (gpu && jobs > GPU_JOBS_WORTH_IT && single > GPU_JOBS_WORTH_IT).then(|| {
+        format!(
+            "warning: --jobs {jobs} runs up to {jobs} single runs at once on one GPU; without MPS \
+             the GPU time-slices between processes, and on an H200 15 such language-model runs \
+             trained at 0.75× the tokens/s of one run alone (bench/RESULTS.md, session 11). \
+             --jobs {GPU_JOBS_WORTH_IT} or fewer is faster for runs that cannot be packed."
+        )
+    })
 }
 
 /// Groups runs into packs of at most `size`: runs of one [`pack_key`], in sweep order; runs
@@ -1008,4 +1031,30 @@ fn plot_all_curves(dir: &Path, index: &SweepIndex) -> Result<Vec<PathBuf>> {
         )
     };
     report::line_plot(dir, "curves", title, "step", y, &series, &opts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::concurrency_warning;
+
+    #[test]
+    fn warns_only_for_many_single_runs_at_once_on_a_gpu() {
+        let singles: Vec<Vec<u8>> = vec![vec![0]; 12];
+        let packs: Vec<Vec<u8>> = vec![vec![0; 10]; 12];
+        let warning = concurrency_warning(&singles, 12, true).expect("12 single runs on a GPU");
+        assert!(warning.contains("--jobs 12"), "{warning}");
+        assert!(
+            concurrency_warning(&singles, 2, true).is_none(),
+            "two at a time"
+        );
+        assert!(
+            concurrency_warning(&singles, 12, false).is_none(),
+            "the CPU"
+        );
+        assert!(concurrency_warning(&packs, 12, true).is_none(), "packs");
+        assert!(
+            concurrency_warning(&singles[..2], 12, true).is_none(),
+            "two runs"
+        );
+    }
 }
