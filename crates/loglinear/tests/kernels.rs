@@ -798,6 +798,56 @@ fn transformer_on_the_kernels_matches_burn_attention_on_the_cpu() {
     );
 }
 
+#[test]
+fn transformer_beyond_one_attention_block_matches_the_cpu() {
+    use loglinear::kernels::block_attention::ATTENTION_BLOCK;
+    use loglinear::nn::TransformerConfig;
+    // Beyond ATTENTION_BLOCK queries the Transformer on a CubeCL device takes the blockwise
+    // attention (two blocks here, the second partial); on the CPU Burn's attention. Same
+    // weights and tokens: same logits and the same gradient of the first attention weights.
+    let seed = test_seed(23);
+    let t = ATTENTION_BLOCK + 76;
+    let cfg = TransformerConfig {
+        max_seq_len: t,
+        initializer_range: 0.2,
+        ..TransformerConfig::new(41, 24, 2, 3)
+    };
+    let cpu = Device::flex().autodiff();
+    let gpu = device().autodiff();
+    let model = cfg.init(seed, &cpu);
+    let model_gpu = model.clone().fork(&gpu);
+    let tokens = loglinear::testing::random_tokens(1, t, 41, seed, &Device::flex());
+    let host =
+        |t: Tensor<3>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+    let host2 =
+        |t: Tensor<2>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+    let run = |m: &loglinear::nn::TransformerLm, device: &Device| {
+        let logits = m.run(tokens.clone().to_device(device));
+        let w = Tensor::<3>::ones(logits.dims(), device).mul_scalar(0.01)
+            + logits.clone().detach().sin();
+        let grads = (logits.clone() * w).sum().backward();
+        let qkv = &m.blocks[0].attn.qkv.linear.weight;
+        let dqkv = qkv
+            .grad(&grads)
+            .expect("a gradient for the first qkv weight");
+        (host(logits.detach()), host2(dqkv))
+    };
+    let (want_logits, want_dqkv) = run(&model, &cpu);
+    let (logits, dqkv) = run(&model_gpu, &gpu);
+    assert_close(
+        &format!("T {t}, seed {seed}: logits"),
+        &want_logits,
+        &logits,
+        1e-4,
+    );
+    assert_close(
+        &format!("T {t}, seed {seed}: dW_qkv"),
+        &want_dqkv,
+        &dqkv,
+        1e-3,
+    );
+}
+
 /// The λ-MLP kernels' results against f64: within `5e-5` of the largest reference entry (f32
 /// sums of up to 64 products per entry and of up to 1,200 rows per weight gradient; erf
 /// approximated to 1.5e-7 on the device), `2e-4` with the softmax head, whose `g − Σ p g`
@@ -1103,6 +1153,129 @@ fn packed_lambda_mlp_kernels_match_f64_per_replica() {
                 &slice(&got[k], sizes[k]),
                 *mode == LambdaMode::MlpSoftmax,
             );
+        }
+    }
+}
+
+/// Blockwise causal attention (probabilities recomputed in the backward) against f64: output
+/// and the gradients of q, k and v, with blocks smaller than the sequence (several blocks, a
+/// partial last one, a block of one query) and one block for all; after a key/value cache (a
+/// chunk, one query); in f32 and in half precision.
+#[test]
+fn block_attention_matches_f64() {
+    use burn::tensor::Distribution;
+    use loglinear::kernels::causal_block_attention;
+    let seed = test_seed(19);
+    let device = device().autodiff();
+    let half = if cfg!(feature = "cuda") {
+        DType::BF16
+    } else {
+        DType::F16
+    };
+    // (N = batch · heads, queries, past, block); d = 16, dv = 24.
+    let cases: [(usize, usize, usize, usize); 9] = [
+        (3, 1, 0, 4),
+        (3, 7, 0, 4),
+        (2, 63, 0, 16),
+        (2, 70, 0, 32),
+        (1, 200, 0, 64),
+        (2, 70, 0, 1024),
+        (2, 9, 0, 1),
+        (2, 30, 20, 8),
+        (4, 1, 64, 16),
+    ];
+    let (d, dv) = (16, 24);
+    // Half precision: inputs, probabilities and products rounded to 2⁻¹¹ (f16; bf16 2⁻⁸).
+    let half_tol = if cfg!(feature = "cuda") { 5e-2 } else { 1e-2 };
+    for (dtype, tol) in [(DType::F32, 1e-4), (half, half_tol)] {
+        for (i, (n, t, past, block)) in cases.into_iter().enumerate() {
+            device.seed(seed.wrapping_add(i as u64));
+            let keys = past + t;
+            let what = format!("N {n}, T {t}, past {past}, block {block}, {dtype:?}, seed {seed}");
+            let input = |rows: usize, cols: usize| {
+                Tensor::<3>::random([n, rows, cols], Distribution::Normal(0.0, 1.0), &device)
+                    .cast(dtype)
+                    .detach()
+                    .require_grad()
+            };
+            let (q, k, v) = (input(t, d), input(keys, d), input(keys, dv));
+            let w =
+                Tensor::<3>::random([n, t, dv], Distribution::Normal(0.0, 1.0), &device).detach();
+            let host = |t: Tensor<3>| -> Vec<f64> {
+                t.into_data().convert::<f64>().iter::<f64>().collect()
+            };
+            let (hq, hk, hv, hw) = (
+                host(q.clone().detach()),
+                host(k.clone().detach()),
+                host(v.clone().detach()),
+                host(w.clone()),
+            );
+            let scale = 0.5f32;
+            let o =
+                causal_block_attention(&q, &k, &v, scale, past, block).expect("a CubeCL device");
+            assert_eq!(o.dims(), [n, t, dv], "{what}");
+            let grads = (o.clone().cast(DType::F32) * w).sum().backward();
+            let grad = |x: &Tensor<3>, name: &str| {
+                host(
+                    x.grad(&grads)
+                        .unwrap_or_else(|| panic!("{what}: no gradient for {name}")),
+                )
+            };
+            let (dq, dk, dvv) = (grad(&q, "q"), grad(&k, "k"), grad(&v, "v"));
+            let o = host(o.detach());
+            // f64 definition: query r at position past + r sees keys 0..=past + r.
+            let s = scale as f64;
+            let (mut want_o, mut want_dq) = (vec![0.0; n * t * dv], vec![0.0; n * t * d]);
+            let (mut want_dk, mut want_dv) = (vec![0.0; n * keys * d], vec![0.0; n * keys * dv]);
+            for b in 0..n {
+                let (qb, kb, vb) = (b * t * d, b * keys * d, b * keys * dv);
+                for r in 0..t {
+                    let seen = past + r + 1;
+                    let x: Vec<f64> = (0..seen)
+                        .map(|j| {
+                            s * (0..d)
+                                .map(|c| hq[qb + r * d + c] * hk[kb + j * d + c])
+                                .sum::<f64>()
+                        })
+                        .collect();
+                    let m = x.iter().cloned().fold(f64::MIN, f64::max);
+                    let z: f64 = x.iter().map(|v| (v - m).exp()).sum();
+                    let p: Vec<f64> = x.iter().map(|v| (v - m).exp() / z).collect();
+                    let g = &hw[(b * t + r) * dv..(b * t + r + 1) * dv];
+                    // dP_j = g · v_j; dS_j = scale · p_j (dP_j − Σ p dP).
+                    let dp: Vec<f64> = (0..seen)
+                        .map(|j| (0..dv).map(|c| g[c] * hv[vb + j * dv + c]).sum())
+                        .collect();
+                    let dot: f64 = p.iter().zip(&dp).map(|(p, g)| p * g).sum();
+                    for j in 0..seen {
+                        let ds = s * p[j] * (dp[j] - dot);
+                        for c in 0..dv {
+                            want_o[(b * t + r) * dv + c] += p[j] * hv[vb + j * dv + c];
+                            want_dv[vb + j * dv + c] += p[j] * g[c];
+                        }
+                        for c in 0..d {
+                            want_dq[(b * t + r) * d + c] += ds * hk[kb + j * d + c];
+                            want_dk[kb + j * d + c] += ds * hq[qb + r * d + c];
+                        }
+                    }
+                }
+            }
+            let check = |name: &str, want: &[f64], got: &[f64]| {
+                if want.iter().all(|x| *x == 0.0) {
+                    // One visible key per query (T = 1 without a cache): the probability is 1
+                    // whatever the scores, so q and k get exactly no gradient.
+                    assert!(
+                        got.iter().all(|g| g.abs() <= 1e-6),
+                        "{what}: {name} {got:?}"
+                    );
+                } else {
+                    assert_close(&format!("{what}: {name}"), want, got, tol);
+                }
+            };
+            check("output", &want_o, &o);
+            check("dq", &want_dq, &dq);
+            check("dk", &want_dk, &dk);
+            check("dv", &want_dv, &dvv);
         }
     }
 }

@@ -5,6 +5,7 @@
 //! feature), and what the crate asks of CubeCL devices.
 
 pub mod attention;
+pub mod block_attention;
 pub mod cross_entropy;
 #[cfg(feature = "cublas")]
 mod cublas;
@@ -281,6 +282,36 @@ pub fn attention_softmax<const D: usize>(
         past,
     );
     Some(Tensor::from_dispatch(probs))
+}
+
+/// Causal attention `block` queries at a time, the backward recomputing each block's
+/// probabilities ([`block_attention`]: memory `O(block · T)` instead of `O(T²)`, the key
+/// columns a block cannot see never computed), on a CubeCL device (`None` elsewhere). Query `i`
+/// sits at position `past + i` and sees keys `0 ..= past + i`.
+///
+/// # Shapes
+/// `q: [N, T, d]`, `k: [N, past + T, d]`, `v: [N, past + T, dv]` → `[N, T, dv]`.
+pub fn causal_block_attention(
+    q: &Tensor<3>,
+    k: &Tensor<3>,
+    v: &Tensor<3>,
+    scale: f32,
+    past: usize,
+    block: usize,
+) -> Option<Tensor<3>> {
+    use block_attention::BlockAttentionKernels;
+    if !is_cube_device(&q.device()) {
+        return None;
+    }
+    let o = <burn::backend::Dispatch as BlockAttentionKernels>::block_attention(
+        q.clone().into_dispatch(),
+        k.clone().into_dispatch(),
+        v.clone().into_dispatch(),
+        scale,
+        past,
+        block,
+    );
+    Some(Tensor::from_dispatch(o))
 }
 
 /// The λ-MLP as two CubeCL kernels with their own backward ([`lambda_mlp`]): the entry point

@@ -246,7 +246,9 @@ impl CausalSelfAttention {
     /// keys `0 ..= past + i`. On CubeCL devices the two products run on
     /// [`crate::linalg::matmul`] (cuBLAS on CUDA) and the softmax is one kernel each way
     /// ([`crate::kernels::attention`]; Burn's attention under autodiff is a dozen separate ops
-    /// over the `[B, H, T, T]` scores); elsewhere it is Burn's `attention`.
+    /// over the `[B, H, T, T]` scores); beyond `ATTENTION_BLOCK` queries the same in blocks of
+    /// queries with the probabilities recomputed in the backward
+    /// ([`crate::kernels::block_attention`]); elsewhere it is Burn's `attention`.
     ///
     /// # Shapes
     /// `q: [B, H, T, hd]`, `keys, values: [B, H, past + T, hd]` → `[B, H, T, hd]`.
@@ -254,9 +256,27 @@ impl CausalSelfAttention {
         let [b, h, t, _] = q.dims();
         #[cfg(feature = "kernels")]
         if crate::kernels::is_cube_device(&q.device()) {
+            use crate::kernels::block_attention::ATTENTION_BLOCK;
             use crate::linalg::matmul;
+            let [hd, s] = [q.dims()[3], keys.dims()[2]];
+            let scale = (hd as f32).powf(-0.5);
+            if t > ATTENTION_BLOCK {
+                // Long sequences: blocks of queries, probabilities recomputed in the backward
+                // (no [B, H, T, T] tensor kept per layer).
+                let flat = |x: Tensor<4>, rows| x.reshape([b * h, rows, hd]);
+                let o = crate::kernels::causal_block_attention(
+                    &flat(q.clone(), t),
+                    &flat(keys.clone(), s),
+                    &flat(values.clone(), s),
+                    scale,
+                    past,
+                    ATTENTION_BLOCK,
+                );
+                if let Some(o) = o {
+                    return o.reshape([b, h, t, hd]);
+                }
+            }
             let scores = matmul(q.clone(), keys.clone().swap_dims(2, 3)); // [B, H, T, past + T]
-            let scale = (q.dims()[3] as f32).powf(-0.5);
             if let Some(probs) = crate::kernels::attention_softmax(&scores, scale, past) {
                 return matmul(probs, values);
             }
