@@ -160,7 +160,27 @@ pub struct PackOptions {
 /// resuming from its own latest checkpoint if it has one. Returns each run's summary, or the
 /// error that stopped it (a non-finite loss); the others are unaffected.
 pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<RunSummary>>> {
+    train_pack_from(runs, opts, 0.0)
+}
+
+/// Whether a pack of `size` replicas, `running` of them still training with at most
+/// `steps_left` steps to go out of the longest such run's `steps`, should continue as a smaller
+/// pack of those: once at most half of it trains on and they have at least a quarter of their
+/// steps left. A finished replica still costs its share of every pack step (it is fed a dummy
+/// batch); a new pack costs a few seconds to build from the checkpoints.
+fn should_repack(size: usize, running: usize, steps_left: usize, steps: usize) -> bool {
+    running >= 1 && 2 * running <= size && 4 * steps_left >= steps
+}
+
+/// [`train_pack`] with `spent` seconds already spent on these runs by an earlier pack (their
+/// summaries' `seconds` count from the first one).
+fn train_pack_from(
+    runs: &[PackRun],
+    opts: &PackOptions,
+    spent: f64,
+) -> Result<Vec<Result<RunSummary>>> {
     let started = Instant::now();
+    let elapsed = || spent + started.elapsed().as_secs_f64();
     let Some(first) = runs.first() else {
         return Ok(Vec::new());
     };
@@ -227,6 +247,18 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
             window: Instant::now(),
         });
     }
+    let resumed: Vec<usize> = replicas
+        .iter()
+        .filter(|r| r.active && r.state.step > 0)
+        .map(|r| r.state.step)
+        .collect();
+    if let (Some(lo), Some(hi)) = (resumed.iter().min(), resumed.iter().max()) {
+        eprintln!(
+            "pack of {}: {} runs resume from their checkpoints (steps {lo}–{hi})",
+            replicas.len(),
+            resumed.len()
+        );
+    }
     let params = models[0].num_params();
     let mut packed = PackedSyntheticLm::stack(&models);
     drop(models);
@@ -255,6 +287,7 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
         &format!("pack of {}", replicas.len()),
     );
     let mut ticks = 0usize;
+    let mut repack = false;
     let mut profiler = PackProfiler::from_env();
     while replicas.iter().any(|r| r.active) {
         if crate::stop::requested() {
@@ -429,13 +462,7 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
             }
             if done {
                 r.active = false;
-                let summary = summarise(
-                    cfg,
-                    &r.run.out,
-                    &r.state,
-                    params,
-                    started.elapsed().as_secs_f64(),
-                )?;
+                let summary = summarise(cfg, &r.run.out, &r.state, params, elapsed())?;
                 checkpoint::write_atomic(
                     &r.run.out.join("summary.json"),
                     &serde_json::to_vec_pretty(&summary)?,
@@ -443,6 +470,33 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
             }
         }
         let running = replicas.iter().filter(|r| r.active).count();
+        let (steps_left, steps) = replicas
+            .iter()
+            .filter(|r| r.active)
+            .map(|r| {
+                (
+                    r.run.config.train.steps - r.state.step,
+                    r.run.config.train.steps,
+                )
+            })
+            .max()
+            .unwrap_or((0, 0));
+        if should_repack(n, running, steps_left, steps) {
+            // Continue the unfinished runs as a pack of their own, from checkpoints of this
+            // step (resuming is exact: each step's batch is a function of the seed and step).
+            for (i, r) in replicas.iter().enumerate() {
+                let latest = checkpoint::latest_checkpoint_step(&r.run.out)?;
+                if r.active && latest != Some(r.state.step) {
+                    save_replica_checkpoint(&packed, &optim, i, r)?;
+                }
+            }
+            bar.finish_and_clear();
+            eprintln!(
+                "repacking: {running} of {n} runs still training continue as a pack of {running}"
+            );
+            repack = true;
+            break;
+        }
         let best = replicas
             .iter()
             .map(|r| r.last.0)
@@ -454,19 +508,34 @@ pub fn train_pack(runs: &[PackRun], opts: &PackOptions) -> Result<Vec<Result<Run
         ));
         bar.set_position(replicas.iter().map(|r| r.state.step).max().unwrap_or(0) as u64);
     }
-    bar.finish();
+    if !repack {
+        bar.finish();
+    }
+    let unfinished: Vec<PackRun> = replicas
+        .iter()
+        .filter(|r| repack && r.active)
+        .map(|r| r.run.clone())
+        .collect();
+    drop((packed, optim));
+    let inner = PackOptions {
+        stop_after: opts.stop_after.map(|n| n.saturating_sub(ticks)),
+        ..opts.clone()
+    };
+    let mut continued = if unfinished.is_empty() {
+        Vec::new()
+    } else {
+        train_pack_from(&unfinished, &inner, elapsed())?
+    }
+    .into_iter();
     replicas
         .into_iter()
         .map(|r| match r.failed {
             Some(e) => Ok(Err(anyhow::anyhow!(e))),
+            None if repack && r.active => Ok(continued
+                .next()
+                .expect("a result for every run of the smaller pack")),
             None => {
-                let summary = summarise(
-                    &r.run.config,
-                    &r.run.out,
-                    &r.state,
-                    params,
-                    started.elapsed().as_secs_f64(),
-                )?;
+                let summary = summarise(&r.run.config, &r.run.out, &r.state, params, elapsed())?;
                 checkpoint::write_atomic(
                     &r.run.out.join("summary.json"),
                     &serde_json::to_vec_pretty(&summary)?,
@@ -654,4 +723,25 @@ pub fn measure_replica_bytes(cfg: &ExperimentConfig, device: &Device) -> Result<
     drop(grads);
     // The step's peak (pages stay reserved) for two replicas, plus each one's Adam moments.
     Ok(after.saturating_sub(before) / 2 + 2 * 4 * params)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::should_repack;
+
+    #[test]
+    fn repacks_once_half_has_finished_with_a_quarter_of_the_steps_left() {
+        assert!(should_repack(16, 8, 30, 40));
+        assert!(should_repack(16, 1, 10, 40));
+        assert!(
+            !should_repack(16, 9, 30, 40),
+            "more than half still training"
+        );
+        assert!(
+            !should_repack(16, 8, 9, 40),
+            "less than a quarter of the steps left"
+        );
+        assert!(!should_repack(16, 0, 0, 0), "nothing left to train");
+        assert!(!should_repack(1, 1, 30, 40), "a pack of one");
+    }
 }

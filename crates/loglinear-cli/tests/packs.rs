@@ -1,6 +1,6 @@
 //! Packed sweeps: every run of a pack is the run it would be alone (metrics equal to the
 //! standalone runs' within f32 tolerance), a run that stops early stops changing while the pack
-//! runs on, a killed pack resumes to the metrics of one that was not, and a packed run's folder
+//! runs on (and once half the pack has stopped, the rest continue as a smaller pack), a killed pack resumes to the metrics of one that was not, and a packed run's folder
 //! is an ordinary run folder (`--resume`, `eval` read it).
 
 use std::fs;
@@ -42,7 +42,7 @@ schedule = "cosine"
 warmup_steps = 5
 grad_clip = 0.5
 log_every = 5
-checkpoint_every = 10
+checkpoint_every = 15
 
 [eval]
 every = 10
@@ -147,6 +147,14 @@ fn a_pack_trains_each_run_as_it_would_train_alone() {
     sweep(&config, &alone, 1);
     let log = sweep(&config, &packed, 16);
     assert!(log.contains("pack 1/1: 16 runs share one process"), "{log}");
+    // Half the runs stop early at step 10: the other 8, with 30 of 40 steps to go, continue as
+    // a pack of their own from checkpoints of step 10, written for the repack (the runs
+    // checkpoint every 15 steps; the metrics below compare them too).
+    assert!(
+        log.contains("repacking: 8 of 16 runs still training continue as a pack of 8")
+            && log.contains("pack of 8: 8 runs resume from their checkpoints (steps 10–10)"),
+        "{log}"
+    );
     let (alone_runs, packed_runs) = (runs(&alone), runs(&packed));
     assert_eq!(alone_runs.len(), 16);
     let mut early = 0;
