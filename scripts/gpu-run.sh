@@ -350,16 +350,21 @@ cache-save)
     ;;
 none) ;;  # only the set-up above: the binary unpacked, the kernel cache restored
 lm-viz:*)
-    # λ of the seed-0 run of every λ mode of a language-model sweep folder (heat-maps, per-level
-    # means, lambda.csv), one archive: lm-viz:NAME, from /tmp/sweeps/NAME.
+    # λ of the seed-0 run of every λ mode of a language-model sweep folder, one archive:
+    # lm-viz:NAME, from /tmp/sweeps/NAME. Two held-out sequences (a D = 256 model's lambda.csv
+    # holds samples × T × layers × heads × levels rows) and PNGs only: session 11's archive of
+    # every file (57 a run) exceeded the 16 MiB a returned file may have.
     name=${s#lm-viz:}
     step "λ of the seed-0 runs of $name"
     rm -rf "/tmp/viz-$name"; mkdir -p "/tmp/viz-$name"
     for r in /tmp/sweeps/$name/*seed=0/; do
         r=${r%/}
-        timeout $(left 60) $bin viz "$r" --out "/tmp/viz-$name/$(basename "$r")" --device cuda 2>&1 | tail -1
+        timeout $(left 60) $bin viz "$r" --samples 2 --out "/tmp/viz-$name/$(basename "$r")" \
+            --device cuda 2>&1 | tail -1
     done
+    find "/tmp/viz-$name" -name '*.svg' -delete
     (cd /tmp && tar czf "$out/viz-$name.tgz" "viz-$name")
+    ls -la "$out/viz-$name.tgz"
     ;;
 *) echo "unknown step $s" ;;
 esac
