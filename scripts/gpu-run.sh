@@ -291,9 +291,15 @@ resume:*)
         | grep -vE "^\s*$" | tail -60 | tee "$out/$name.txt"
     (cd /tmp/sweeps && tar czf "$out/$name-metrics.tgz" --exclude='*.safetensors' --exclude='*.bpk' \
         --exclude='checkpoints' --exclude='best' "$name")
-    # Per run: everything but best/ and all checkpoints except the one `latest` names.
+    # Per run: everything but best/ and all checkpoints except the one `latest` names. With
+    # RESUME_STATE=finished (language models: a checkpoint is ≈ 370 MB at D = 256), only the
+    # finished runs, without checkpoints: the next call skips them and starts the others anew.
     (cd /tmp/sweeps && for r in "$name"/*/; do
         r=${r%/}
+        if [[ ${RESUME_STATE:-all} == finished ]]; then
+            [[ -f $r/summary.json ]] && find "$r" -path "$r/best" -prune -o -path "$r/checkpoints" -prune -o -type f -print
+            continue
+        fi
         find "$r" -path "$r/best" -prune -o -path "$r/checkpoints" -prune -o -type f -print
         if [[ -f $r/checkpoints/latest ]]; then
             echo "$r/checkpoints/latest"
