@@ -290,6 +290,10 @@ struct VizArgs {
     /// Device: cpu, cuda[:N] or wgpu.
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// Only `lambda_per_level.csv` (λ per layer and level: mean and quantiles), no plots and
+    /// no `lambda.csv` of every value: a few hundred bytes per run.
+    #[arg(long)]
+    stats_only: bool,
 }
 
 #[derive(Args, Debug)]
@@ -562,6 +566,11 @@ fn run_viz(args: VizArgs) -> Result<()> {
             (Some(o), _) => o.join(run.file_name().unwrap_or_default()),
             (None, _) => run.join("viz"),
         };
+        if args.stats_only {
+            let path = viz::level_stats_run(run, &out, args.samples, &device)?;
+            println!("{}: {}", run.display(), path.display());
+            continue;
+        }
         let files = viz::visualise_run(run, &out, args.samples, &device)?;
         println!(
             "{}: {} files in {}",
@@ -570,7 +579,7 @@ fn run_viz(args: VizArgs) -> Result<()> {
             out.display()
         );
     }
-    if args.runs.len() > 1 {
+    if args.runs.len() > 1 && !args.stats_only {
         let out = args
             .out
             .clone()

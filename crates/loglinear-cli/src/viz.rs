@@ -138,6 +138,56 @@ fn shades(config: &ExperimentConfig) -> Vec<Shade> {
 
 /// Heat-maps (sample 0, every layer and head), histogram, mean λ per level, and the curves;
 /// returns every file written.
+/// λ per layer and Fenwick level over the values the queries read (occupied levels; every
+/// sample and head): `(layer, level, mean, quantiles)`, levels that no query reads left out.
+pub fn level_stats(trace: &LambdaTrace) -> Vec<(usize, usize, f64, report::Spread)> {
+    let [b, t, h, l] = trace.dims;
+    let mut rows = Vec::new();
+    for layer in 0..trace.layers.len() {
+        for li in 0..l {
+            let vals: Vec<f64> = (0..b)
+                .flat_map(|bi| (0..t).map(move |ti| (bi, ti)))
+                .filter(|&(_, ti)| occupied(ti, li))
+                .flat_map(|(bi, ti)| (0..h).map(move |hi| trace.at(layer, bi, ti, hi, li)))
+                .collect();
+            if let Some(spread) = report::Spread::of(&vals) {
+                let mean = vals.iter().sum::<f64>() / vals.len() as f64;
+                rows.push((layer, li, mean, spread));
+            }
+        }
+    }
+    rows
+}
+
+/// Writes [`level_stats`] as `lambda_per_level.csv`
+/// (`layer,level,n,mean,q10,q25,median,q75,q90`): the λ statistics of a trained model in a few
+/// hundred bytes, where `lambda.csv` holds every value.
+pub fn write_level_stats(trace: &LambdaTrace, path: &Path) -> Result<()> {
+    let mut s = String::from("layer,level,n,mean,q10,q25,median,q75,q90\n");
+    for (layer, level, mean, q) in level_stats(trace) {
+        let _ = writeln!(
+            s,
+            "{layer},{level},{},{mean:.6},{:.6},{:.6},{:.6},{:.6},{:.6}",
+            q.n, q.q10, q.q25, q.median, q.q75, q.q90
+        );
+    }
+    fs::write(path, s).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Only [`write_level_stats`] for one run (`viz --stats-only`): `OUT/lambda_per_level.csv`.
+pub fn level_stats_run(
+    run_dir: &Path,
+    out: &Path,
+    samples: usize,
+    device: &Device,
+) -> Result<PathBuf> {
+    let trace = trace_run(run_dir, samples, device)?;
+    fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let path = out.join("lambda_per_level.csv");
+    write_level_stats(&trace, &path)?;
+    Ok(path)
+}
+
 pub fn visualise_run(
     run_dir: &Path,
     out: &Path,
@@ -151,6 +201,9 @@ pub fn visualise_run(
     let csv = out.join("lambda.csv");
     write_csv(&trace, &csv)?;
     written.push(csv);
+    let stats = out.join("lambda_per_level.csv");
+    write_level_stats(&trace, &stats)?;
+    written.push(stats);
     let [b, t, h, l] = trace.dims;
     let mode = trace.config.model.lambda();
     let task = trace.config.task.name();

@@ -636,6 +636,58 @@ fn eval_and_viz_read_a_finished_run() {
     // 3 samples × 2 layers × 16 positions × 1 head × 6 levels, plus the header
     assert_eq!(csv.lines().count(), 1 + 3 * 2 * 16 * 6);
     assert!(csv.starts_with("sample,layer,head,position,level,occupied,lambda\n"));
+
+    // lambda_per_level.csv: per layer and level, the mean of the values the queries read, as
+    // recomputed from lambda.csv (6 decimals there), and the count of such values.
+    let mut sums = std::collections::BTreeMap::<(usize, usize), (f64, usize)>::new();
+    for line in csv.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        if f[5] == "1" {
+            let e = sums
+                .entry((f[1].parse().unwrap(), f[4].parse().unwrap()))
+                .or_default();
+            e.0 += f[6].parse::<f64>().unwrap();
+            e.1 += 1;
+        }
+    }
+    let check_stats = |dir: &std::path::Path| {
+        let stats = fs::read_to_string(dir.join("lambda_per_level.csv")).unwrap();
+        let rows: Vec<&str> = stats.lines().collect();
+        assert_eq!(rows[0], "layer,level,n,mean,q10,q25,median,q75,q90");
+        assert_eq!(
+            rows.len() - 1,
+            sums.len(),
+            "one row per read (layer, level):\n{stats}"
+        );
+        for row in &rows[1..] {
+            let f: Vec<f64> = row.split(',').map(|x| x.parse().unwrap()).collect();
+            let (sum, n) = sums[&(f[0] as usize, f[1] as usize)];
+            assert_eq!(f[2] as usize, n, "{row}");
+            assert!(
+                (f[3] - sum / n as f64).abs() <= 1e-5,
+                "{row}: mean {}",
+                sum / n as f64
+            );
+            assert!(
+                f[4] <= f[5] && f[5] <= f[6] && f[6] <= f[7] && f[7] <= f[8],
+                "{row}"
+            );
+        }
+    };
+    check_stats(&viz);
+    // --stats-only writes that file alone.
+    let stats_only = tmp.path().join("stats");
+    run_ok(
+        bin()
+            .arg("viz")
+            .arg(&run)
+            .arg("--out")
+            .arg(&stats_only)
+            .args(["--samples", "3", "--stats-only"]),
+    );
+    let files: Vec<_> = fs::read_dir(&stats_only).unwrap().flatten().collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    check_stats(&stats_only);
 }
 
 /// Every config shipped under experiments/ parses, types and expands.
