@@ -753,32 +753,11 @@ fn transformer_on_the_kernels_matches_burn_attention_on_the_cpu() {
         initializer_range: 0.2,
         ..TransformerConfig::new(41, 24, 2, 3)
     };
-    let cpu = Device::flex().autodiff();
-    let gpu = device().autodiff();
-    let model = cfg.init(seed, &cpu);
-    let model_gpu = model.clone().fork(&gpu);
-    let (b, t) = (2, 70);
-    let tokens = loglinear::testing::random_tokens(b, t, 41, seed, &Device::flex());
+    let t = 70;
+    let (model_gpu, tokens) = assert_transformer_matches_cpu(&cfg, seed, 2, t);
+
     let host =
         |t: Tensor<3>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
-    let host2 =
-        |t: Tensor<2>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
-    let run = |m: &loglinear::nn::TransformerLm, device: &Device| {
-        let logits = m.run(tokens.clone().to_device(device));
-        let w = Tensor::<3>::ones(logits.dims(), device).mul_scalar(0.01)
-            + logits.clone().detach().sin();
-        let grads = (logits.clone() * w).sum().backward();
-        let qkv = &m.blocks[0].attn.qkv.linear.weight;
-        let dqkv = qkv
-            .grad(&grads)
-            .expect("a gradient for the first qkv weight");
-        (host(logits.detach()), host2(dqkv))
-    };
-    let (want_logits, want_dqkv) = run(&model, &cpu);
-    let (logits, dqkv) = run(&model_gpu, &gpu);
-    assert_close(&format!("seed {seed}: logits"), &want_logits, &logits, 1e-4);
-    assert_close(&format!("seed {seed}: dW_qkv"), &want_dqkv, &dqkv, 1e-3);
-
     let model_gpu = model_gpu.valid();
     let tokens = tokens.to_device(&device());
     let full = host(model_gpu.run(tokens.clone()));
@@ -812,11 +791,24 @@ fn transformer_beyond_one_attention_block_matches_the_cpu() {
         initializer_range: 0.2,
         ..TransformerConfig::new(41, 24, 2, 3)
     };
+    assert_transformer_matches_cpu(&cfg, seed, 1, t);
+}
+
+/// The Transformer of `cfg` with the same weights on the CPU (Burn's attention) and on the
+/// test's CubeCL device (the attention on the kernels): the same logits and the same gradient
+/// of the first attention weights for `b × t` random tokens. Returns the device's model and
+/// the tokens.
+fn assert_transformer_matches_cpu(
+    cfg: &loglinear::nn::TransformerConfig,
+    seed: u64,
+    b: usize,
+    t: usize,
+) -> (loglinear::nn::TransformerLm, Tensor<2, Int>) {
     let cpu = Device::flex().autodiff();
     let gpu = device().autodiff();
     let model = cfg.init(seed, &cpu);
     let model_gpu = model.clone().fork(&gpu);
-    let tokens = loglinear::testing::random_tokens(1, t, 41, seed, &Device::flex());
+    let tokens = loglinear::testing::random_tokens(b, t, cfg.vocab_size, seed, &Device::flex());
     let host =
         |t: Tensor<3>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
     let host2 =
@@ -834,18 +826,10 @@ fn transformer_beyond_one_attention_block_matches_the_cpu() {
     };
     let (want_logits, want_dqkv) = run(&model, &cpu);
     let (logits, dqkv) = run(&model_gpu, &gpu);
-    assert_close(
-        &format!("T {t}, seed {seed}: logits"),
-        &want_logits,
-        &logits,
-        1e-4,
-    );
-    assert_close(
-        &format!("T {t}, seed {seed}: dW_qkv"),
-        &want_dqkv,
-        &dqkv,
-        1e-3,
-    );
+    let what = format!("T {t}, seed {seed}");
+    assert_close(&format!("{what}: logits"), &want_logits, &logits, 1e-4);
+    assert_close(&format!("{what}: dW_qkv"), &want_dqkv, &dqkv, 1e-3);
+    (model_gpu, tokens)
 }
 
 /// The λ-MLP kernels' results against f64: within `5e-5` of the largest reference entry (f32

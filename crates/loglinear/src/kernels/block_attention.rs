@@ -110,10 +110,15 @@ impl BlockAttentionKernels for CubeBackend {
     }
 }
 
+/// The slices of `[:, rows, :]`.
+fn row_slices(rows: std::ops::Range<usize>) -> [Slice; 3] {
+    let range = Slice::new(rows.start as isize, Some(rows.end as isize), 1);
+    [Slice::full(), range, Slice::full()]
+}
+
 /// `t[:, rows, :]` (a view where the offsets allow).
 fn rows<B: Backend>(t: FloatTensor<B>, rows: std::ops::Range<usize>) -> FloatTensor<B> {
-    let range = Slice::new(rows.start as isize, Some(rows.end as isize), 1);
-    B::float_slice(t, &[Slice::full(), range, Slice::full()])
+    B::float_slice(t, &row_slices(rows))
 }
 
 /// The query blocks `[r0, r1)` of `t` queries and, for each, the keys it sees (`past + r1`,
@@ -205,11 +210,7 @@ fn backward<B: Backend + AttentionKernels + GemmKernels>(
         let dp = B::gemm(do_blk.clone(), B::float_swap_dims(v_seen, 1, 2));
         let ds = B::causal_softmax_backward(p.clone(), dp, scale, past + r0);
         dq.push(B::gemm(ds.clone(), k_seen));
-        let seen_rows = [
-            Slice::full(),
-            Slice::new(0, Some(seen as isize), 1),
-            Slice::full(),
-        ];
+        let seen_rows = row_slices(0..seen);
         let add = |acc: FloatTensor<B>, part: FloatTensor<B>| {
             let part = B::float_cast(part, FloatDType::F32);
             let sum = B::float_add(B::float_slice(acc.clone(), &seen_rows), part);
