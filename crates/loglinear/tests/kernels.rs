@@ -1263,3 +1263,155 @@ fn block_attention_matches_f64() {
         }
     }
 }
+
+/// The norm kernels' `(y, dx, dw, db)` against f64 for the loss `Σ y ⊙ g`: RMSNorm (`centered`
+/// false) or LayerNorm, `x: [R, M, D]` with weights `[R, D]` (`R` replicas; `R = 1` passes them
+/// as `[D]`), `x` optionally a narrowed (pitched) view of wider rows.
+#[allow(clippy::too_many_arguments)]
+fn check_norm(
+    (replicas, per, width): (usize, usize, usize),
+    centered: bool,
+    dtype: DType,
+    pitched: bool,
+    tol: f64,
+    seed: u64,
+) {
+    use burn::tensor::Distribution;
+    use loglinear::kernels::fused_norm;
+    let device = device().autodiff();
+    device.seed(seed);
+    let eps = 1e-5;
+    let stored = width + if pitched { 5 } else { 0 };
+    // Rows with an offset and a scale of their own, so that centring and scaling matter.
+    let wide =
+        (Tensor::<3>::random(
+            [replicas, per, stored],
+            Distribution::Normal(0.0, 1.0),
+            &device,
+        ) * Tensor::<3>::random([replicas, per, 1], Distribution::Uniform(0.2, 3.0), &device)
+            + Tensor::<3>::random([replicas, per, 1], Distribution::Normal(0.0, 2.0), &device))
+        .cast(dtype)
+        .detach()
+        .require_grad();
+    let x = wide.clone().narrow(2, 0, width);
+    let weight = (Tensor::<2>::random([replicas, width], Distribution::Normal(1.0, 0.5), &device))
+        .detach()
+        .require_grad();
+    let bias = Tensor::<2>::random([replicas, width], Distribution::Normal(0.0, 0.5), &device)
+        .detach()
+        .require_grad();
+    let g = Tensor::<3>::random(
+        [replicas, per, width],
+        Distribution::Normal(0.0, 1.0),
+        &device,
+    )
+    .cast(dtype)
+    .detach();
+    let y = if replicas == 1 {
+        let (w1, b1) = (
+            weight.clone().reshape([width]),
+            bias.clone().reshape([width]),
+        );
+        fused_norm(&x, &w1, centered.then_some(&b1), eps)
+    } else {
+        fused_norm(&x, &weight, centered.then_some(&bias), eps)
+    }
+    .expect("the norm kernels run on this device");
+    let grads = (y.clone().cast(DType::F32) * g.clone().cast(DType::F32))
+        .sum()
+        .backward();
+    let host =
+        |t: Tensor<3>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+    let host2 =
+        |t: Tensor<2>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+    let dwide = host(wide.grad(&grads).expect("a gradient for x"));
+    let dw = host2(weight.grad(&grads).expect("a gradient for the weight"));
+    let (xs, ws, bs, gs) = (
+        host(x.clone().detach()),
+        host2(weight.clone().detach()),
+        host2(bias.clone().detach()),
+        host(g),
+    );
+    // f64 reference.
+    let rows = replicas * per;
+    let (mut want_y, mut want_dx) = (vec![0.0; rows * width], vec![0.0; rows * width]);
+    let (mut want_dw, mut want_db) = (vec![0.0; replicas * width], vec![0.0; replicas * width]);
+    for r in 0..rows {
+        let (row, wr) = (&xs[r * width..(r + 1) * width], (r / per) * width);
+        let n = width as f64;
+        let mean = if centered {
+            row.iter().sum::<f64>() / n
+        } else {
+            0.0
+        };
+        let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+        let rstd = 1.0 / (var + eps).sqrt();
+        let xh: Vec<f64> = row.iter().map(|v| (v - mean) * rstd).collect();
+        let gw: Vec<f64> = (0..width).map(|i| gs[r * width + i] * ws[wr + i]).collect();
+        let mean_g = if centered {
+            gw.iter().sum::<f64>() / n
+        } else {
+            0.0
+        };
+        let mean_gx = gw.iter().zip(&xh).map(|(a, b)| a * b).sum::<f64>() / n;
+        for i in 0..width {
+            want_y[r * width + i] = xh[i] * ws[wr + i] + if centered { bs[wr + i] } else { 0.0 };
+            want_dx[r * width + i] = rstd * (gw[i] - mean_g - xh[i] * mean_gx);
+            want_dw[wr + i] += gs[r * width + i] * xh[i];
+            want_db[wr + i] += gs[r * width + i];
+        }
+    }
+    // The gradient of the wide buffer: dx on the first `width` columns, 0 on the rest.
+    let (dx, pad): (Vec<f64>, Vec<f64>) = {
+        let (mut dx, mut pad) = (Vec::new(), Vec::new());
+        for (i, v) in dwide.iter().enumerate() {
+            if i % stored < width {
+                dx.push(*v)
+            } else {
+                pad.push(*v)
+            }
+        }
+        (dx, pad)
+    };
+    let what = format!(
+        "norm R {replicas} × {per} rows × {width}, centered {centered}, {dtype:?}, pitched \
+         {pitched}, seed {seed}"
+    );
+    assert_close(&format!("{what}: y"), &want_y, &host(y.detach()), tol);
+    assert_close(&format!("{what}: dx"), &want_dx, &dx, tol);
+    assert!(
+        pad.iter().all(|v| *v == 0.0),
+        "{what}: gradient on columns past the view"
+    );
+    assert_close(&format!("{what}: dweight"), &want_dw, &dw, tol);
+    if centered {
+        let db = host2(bias.grad(&grads).expect("a gradient for the bias"));
+        assert_close(&format!("{what}: dbias"), &want_db, &db, tol);
+    } else {
+        assert!(
+            bias.grad(&grads).is_none(),
+            "{what}: RMSNorm gave its stand-in bias a gradient"
+        );
+    }
+}
+
+#[test]
+fn norm_kernels_match_f64() {
+    let seed = test_seed(41);
+    // Widths below, at and past the 128 units of a row's cube; row counts past the 256 chunks of
+    // the column sums (chunks of 2 rows, the last ones empty); replicas; one row of three (two values normalise to ±1 whatever they are: dx ≈ 0).
+    for (shape, centered, dtype, pitched, tol) in [
+        ((1, 1, 3), true, DType::F32, false, 1e-5),
+        ((1, 1, 7), false, DType::F32, false, 1e-5),
+        ((1, 3, 7), true, DType::F32, true, 1e-5),
+        ((1, 300, 130), true, DType::F32, false, 1e-5),
+        ((1, 200, 513), false, DType::F32, true, 1e-5),
+        ((4, 33, 96), true, DType::F32, false, 1e-5),
+        ((3, 70, 64), false, DType::F32, true, 1e-5),
+        // Half precision: x, y, dy and dx round to 2⁻¹¹.
+        ((1, 63, 200), true, DType::F16, false, 3e-3),
+        ((2, 40, 128), false, DType::F16, true, 3e-3),
+    ] {
+        check_norm(shape, centered, dtype, pitched, tol, seed);
+    }
+}

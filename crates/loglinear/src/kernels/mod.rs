@@ -2,7 +2,7 @@
 //! softmax cross-entropy of the language model's loss ([`cross_entropy`]), the softmax of the
 //! Transformer baseline's attention ([`attention`]), the λ-MLP ([`lambda_mlp`]), batched matrix
 //! products with their backward ([`gemm`]; on cuBLAS on CUDA devices with the `cublas`
-//! feature), and what the crate asks of CubeCL devices.
+//! feature), RMSNorm and LayerNorm ([`norm`]), and what the crate asks of CubeCL devices.
 
 pub mod attention;
 pub mod block_attention;
@@ -11,6 +11,7 @@ pub mod cross_entropy;
 mod cublas;
 pub mod gemm;
 pub mod lambda_mlp;
+pub mod norm;
 mod rows;
 
 use burn::backend::ops::FloatTensorOps;
@@ -312,6 +313,170 @@ pub fn causal_block_attention(
         block,
     );
     Some(Tensor::from_dispatch(o))
+}
+
+/// RMSNorm and LayerNorm over the last axis as CubeCL kernels with their own backward
+/// ([`norm`]): the entry point is [`fused_norm`].
+#[backend_extension(Cube, Fusion: cfg(feature = "fusion"), Autodiff)]
+pub trait NormKernels: Backend {
+    /// `(y, stats)`: `x: [..., D]` normalised over its last axis, `(x − mean) · rstd ⊙ w + b`
+    /// where `centered` (LayerNorm) and `x · rstd ⊙ w` otherwise (RMSNorm: `bias` is not read),
+    /// `rstd = 1 / sqrt(mean((x − mean)²) + eps)`, computed in f32; `y` in `x`'s dtype, `stats:
+    /// [..., 2]` the rows' `(mean, rstd)` in f32. `weight, bias: [D]`, or `[R, D]` for `R`
+    /// replicas whose rows of `x` come replica by replica. Only `y` is differentiable.
+    #[allow(clippy::type_complexity)]
+    #[fusion(meta = |x, _weight, _bias, _eps, _centered| (
+        burn::backend::fusion::custom::TensorSpec::new(x.shape.clone(), x.dtype),
+        burn::backend::fusion::custom::TensorSpec::new(norm::stats_shape(&x.shape), DType::F32),
+    ))]
+    fn norm_rows(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        eps: f32,
+        centered: bool,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// The gradients `(dx, dweight, dbias)` of [`Self::norm_rows`]'s `y` for the output
+    /// gradient `dy`, each in the shape and dtype of its tensor (`dbias` 0 unless `centered`).
+    #[allow(clippy::type_complexity)]
+    #[fusion(meta = |x, weight, bias, _stats, _dy, _centered| (
+        burn::backend::fusion::custom::TensorSpec::new(x.shape.clone(), x.dtype),
+        burn::backend::fusion::custom::TensorSpec::new(weight.shape.clone(), weight.dtype),
+        burn::backend::fusion::custom::TensorSpec::new(bias.shape.clone(), bias.dtype),
+    ))]
+    fn norm_rows_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        stats: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        centered: bool,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+}
+
+impl NormKernels for CubeBackend {
+    fn norm_rows(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        eps: f32,
+        centered: bool,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        norm::norm(x, weight, bias, eps, centered)
+    }
+
+    fn norm_rows_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        stats: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        centered: bool,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let [dx, dw, db] = norm::norm_backward(x, weight, bias, stats, dy, centered);
+        (dx, dw, db)
+    }
+}
+
+impl<B: Backend + NormKernels, C: CheckpointStrategy> NormKernels for Autodiff<B, C> {
+    fn norm_rows(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        eps: f32,
+        centered: bool,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        #[derive(Debug)]
+        struct NormBackward;
+
+        impl<B: Backend + NormKernels> Backward<B, 3> for NormBackward {
+            // The inputs and the rows' statistics; the backward recomputes x̂.
+            type State = ([FloatTensor<B>; 4], bool);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 3>,
+                grads: &mut Gradients,
+                _checkpointer: &mut Checkpointer,
+            ) {
+                let grad = grads.consume::<B>(&ops.node);
+                let ([x, weight, bias, stats], centered) = ops.state;
+                let (dx, dw, db) = B::norm_rows_backward(x, weight, bias, stats, grad, centered);
+                let [px, pw, pb] = ops.parents;
+                // RMSNorm's bias is a stand-in (the weight itself): no gradient goes to it.
+                let pb = if centered { pb } else { None };
+                for (parent, g) in [px, pw, pb].into_iter().zip([dx, dw, db]) {
+                    if let Some(node) = parent {
+                        grads.register::<B>(node.id, g);
+                    }
+                }
+            }
+        }
+
+        let nodes = [x.node(), weight.node(), bias.node()];
+        let inputs = [
+            x.into_primitive(),
+            weight.into_primitive(),
+            bias.into_primitive(),
+        ];
+        let [a, b, c] = inputs.clone();
+        let (y, stats) = B::norm_rows(a, b, c, eps, centered);
+        let [x, weight, bias] = inputs;
+        let y = match NormBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish(([x, weight, bias, stats.clone()], centered), y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        };
+        (y, <Self as AutodiffBackend>::from_inner(stats))
+    }
+
+    fn norm_rows_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        stats: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        centered: bool,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        // Not itself differentiable: constants.
+        let (a, b, c) = B::norm_rows_backward(
+            x.into_primitive(),
+            weight.into_primitive(),
+            bias.into_primitive(),
+            stats.into_primitive(),
+            dy.into_primitive(),
+            centered,
+        );
+        let inner = <Self as AutodiffBackend>::from_inner;
+        (inner(a), inner(b), inner(c))
+    }
+}
+
+/// `x` normalised over its last axis by the kernels above on a CubeCL device (`None`
+/// elsewhere: the caller uses tensor ops): LayerNorm `(x − mean) / sqrt(var + eps) ⊙ w + b`
+/// with a `bias`, RMSNorm `x / sqrt(mean(x²) + eps) ⊙ w` without; computed in f32, returned in
+/// `x`'s dtype.
+///
+/// # Shapes
+/// `x: [..., D]`, `weight` and `bias`: `[D]` (rank `W = 1`), or `[R, D]` (`W = 2`) for `R`
+/// replicas with `x: [R, ..., D]` → `[..., D]`.
+pub fn fused_norm<const D: usize, const W: usize>(
+    x: &Tensor<D>,
+    weight: &Tensor<W>,
+    bias: Option<&Tensor<W>>,
+    eps: f64,
+) -> Option<Tensor<D>> {
+    if !is_cube_device(&x.device()) {
+        return None;
+    }
+    let (y, _stats) = <burn::backend::Dispatch as NormKernels>::norm_rows(
+        x.clone().into_dispatch(),
+        weight.clone().into_dispatch(),
+        bias.unwrap_or(weight).clone().into_dispatch(),
+        eps as f32,
+        bias.is_some(),
+    );
+    Some(Tensor::from_dispatch(y))
 }
 
 /// The λ-MLP as two CubeCL kernels with their own backward ([`lambda_mlp`]): the entry point

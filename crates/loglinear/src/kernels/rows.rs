@@ -94,3 +94,22 @@ pub(crate) fn cube_logsumexp(m: f32, s: f32, #[comptime] units: usize) -> f32 {
     }
     sm[0] + ss[0].ln()
 }
+
+/// The sum of one value per unit over the cube's `units` units (a power of two), merged
+/// pairwise in shared memory; every unit gets the result.
+#[cube]
+pub(crate) fn cube_sum(v: f32, #[comptime] units: usize) -> f32 {
+    let u = UNIT_POS_X as usize;
+    let mut s = Shared::<[f32]>::new_slice(units);
+    s[u] = v;
+    sync_cube();
+    let mut stride = CUBE_DIM_X as usize / 2;
+    while stride > 0 {
+        if u < stride {
+            s[u] += s[u + stride];
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    s[0]
+}

@@ -17,7 +17,7 @@ use burn::prelude::*;
 use burn::tensor::activation::{sigmoid, silu, softplus};
 
 use super::check::{ConfigError, positive};
-use super::init::{Dense, Init, to_dtype, wide};
+use super::init::{Dense, Init, rms_norm, to_dtype, wide};
 use super::lambda::{LambdaConfig, LevelWeights};
 use super::mixer::{MixerOutput, MixerState};
 use crate::fenwick;
@@ -343,16 +343,13 @@ impl LogLinearGatedDeltaNet {
         let start = state.map_or(0, |s| s.fenwick.position);
         fenwick::check_levels("LogLinearGatedDeltaNet", c.lambda.levels, start + t);
         let dtype = x.dtype();
-        let acc = wide(dtype);
         let gate = self.g_proj.forward(x.clone()); // [B, T, H·P]
         let (input, new_window) = self.op_input(x, state);
         let lambda = input.lambda.clone();
         let out = gdn_attn(&input, form, state.map(|s| &s.fenwick), return_state);
 
         // Per-head RMSNorm over P, times the shared weight, then the SiLU gate.
-        let o = to_dtype(out.o, acc); // [B, T, H, P]
-        let rms = (o.clone().square().mean_dim(3) + c.norm_eps).sqrt();
-        let normed = o / rms * to_dtype(self.norm_weight.val(), acc).reshape([1, 1, 1, p]);
+        let normed = rms_norm(out.o, self.norm_weight.val(), c.norm_eps); // [B, T, H, P]
         let gated = to_dtype(normed, dtype) * silu(gate).reshape([b, t, h, p]);
         MixerOutput {
             y: self.o_proj.forward(gated.reshape([b, t, h * p])),

@@ -200,12 +200,27 @@ impl RmsNorm {
     /// `x: [..., D]` → `[..., D]`.
     /// Computed in f32 for half-precision inputs; returns the input dtype.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let dtype = x.dtype();
-        let x = to_dtype(x, wide(dtype));
-        let rms = (x.clone().square().mean_dim(D - 1) + self.eps).sqrt();
-        let weight = to_dtype(self.weight.val(), x.dtype());
-        to_dtype(x / rms * weight.unsqueeze(), dtype)
+        rms_norm(x, self.weight.val(), self.eps)
     }
+}
+
+/// `x / sqrt(mean(x²) + eps) ⊙ weight` over the last axis, computed in f32 for half-precision
+/// inputs; returns the input dtype. On CubeCL devices one kernel each way
+/// ([`crate::kernels::norm`]); elsewhere the tensor ops below, which the kernels are tested
+/// against.
+///
+/// # Shapes
+/// `x: [..., D]`, `weight: [D]` → `[..., D]`.
+pub fn rms_norm<const D: usize>(x: Tensor<D>, weight: Tensor<1>, eps: f64) -> Tensor<D> {
+    #[cfg(feature = "kernels")]
+    if let Some(y) = crate::kernels::fused_norm(&x, &weight, None, eps) {
+        return y;
+    }
+    let dtype = x.dtype();
+    let x = to_dtype(x, wide(dtype));
+    let rms = (x.clone().square().mean_dim(D - 1) + eps).sqrt();
+    let weight = to_dtype(weight, x.dtype());
+    to_dtype(x / rms * weight.unsqueeze(), dtype)
 }
 
 /// Layer normalisation `(x − mean) / sqrt(var + eps) ⊙ weight + bias` over the last axis
@@ -234,7 +249,15 @@ impl LayerNorm {
     /// # Shapes
     /// `x: [..., D]` → `[..., D]`.
     /// Computed in f32 for half-precision inputs; returns the input dtype.
+    /// On CubeCL devices one kernel each way ([`crate::kernels::norm`]); elsewhere the tensor
+    /// ops below, which the kernels are tested against.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        #[cfg(feature = "kernels")]
+        if let Some(y) =
+            crate::kernels::fused_norm(&x, &self.weight.val(), Some(&self.bias.val()), self.eps)
+        {
+            return y;
+        }
         let dtype = x.dtype();
         let x = to_dtype(x, wide(dtype));
         let acc = x.dtype();

@@ -7,7 +7,7 @@ use burn::tensor::activation::{silu, softplus};
 use serde::{Deserialize, Serialize};
 
 use super::check::{ConfigError, positive};
-use super::init::{Dense, Init, to_dtype, wide};
+use super::init::{Dense, Init, rms_norm, to_dtype, wide};
 use super::lambda::{LambdaConfig, LevelWeights};
 use crate::fenwick;
 use crate::ops::{FenwickState, Form, LogLinearInput, log_linear_attn};
@@ -365,11 +365,10 @@ impl LogLinearMamba2 {
 
         // 9. D skip on x (before the Δ scaling), 10. gated RMSNorm (gate, then normalise).
         let y = out.o + xs * to_dtype(self.d_skip.val(), dtype).reshape([1, 1, h, 1]);
-        let gated = to_dtype(y.reshape([b, t, di]) * silu(z), acc);
-        let rms = (gated.clone().square().mean_dim(2) + c.norm_eps).sqrt();
-        let normed = to_dtype(
-            gated / rms * param(self.norm_weight.val()).unsqueeze(),
-            dtype,
+        let normed = rms_norm(
+            y.reshape([b, t, di]) * silu(z),
+            self.norm_weight.val(),
+            c.norm_eps,
         );
 
         // 11. out_proj.
