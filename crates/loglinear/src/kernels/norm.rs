@@ -4,9 +4,9 @@
 //! Why: as tensor ops a norm is ≈ 5 Burn reductions (the row statistics forward, two row sums
 //! and the weight's and bias's column sums over all rows backward) plus a dozen element-wise
 //! launches; the LM step (6 layers, three norms each) ran 165 reduction launches taking 24 ms of
-//! its 84 ms, and how long each takes depends on which strategy CubeCL's autotune picked on that
-//! machine (the Transformer's 103 took 17.7 ms in one process and 109 ms in another:
-//! bench/RESULTS.md, session 12).
+//! its 84 ms, and how long each takes depends on the strategy CubeCL's autotune picked for it —
+//! or served from decisions another workload stored (the Transformer's 103 took 17.7 ms in one
+//! process and 109 ms in another: bench/RESULTS.md, session 12). With these kernels: 75.7 ms.
 //!
 //! Forward ([`norm_forward_kernel`]): one cube per row, [`NORM_THREADS`] units striding over the
 //! row; the row sums are merged in shared memory; writes `y` (the input's dtype) and the row's

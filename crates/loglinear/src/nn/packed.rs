@@ -50,7 +50,15 @@ pub struct PackedLayerNorm {
 impl PackedLayerNorm {
     /// # Shapes
     /// `x: [R, M, D]` → `[R, M, D]`; in f32 for half-precision inputs (as [`LayerNorm`]).
+    /// On CubeCL devices the norm kernels, each replica's rows with its own weights
+    /// ([`crate::kernels::norm`]).
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        #[cfg(feature = "kernels")]
+        if let Some(y) =
+            crate::kernels::fused_norm(&x, &self.weight.val(), Some(&self.bias.val()), self.eps)
+        {
+            return y;
+        }
         let dtype = x.dtype();
         let x = to_dtype(x, wide(dtype));
         let acc = x.dtype();
