@@ -8,8 +8,8 @@
 //! stored by one workload is served to another whose shapes fall into the same bucket without
 //! being tuned for them. Measured on the H200 (bench/RESULTS.md, session 12): with a cache that
 //! MQAR sweeps had filled, the D = 512 LM step took 93.1 ms (its 108 Burn reductions 36.8 ms);
-//! tuned in its own process, 75.7 ms (16.9 ms); the Transformer's reductions took 109 ms instead
-//! of 18 ms the same way.
+//! tuned in its own process, 75.7 ms (16.9 ms). With that cache the Transformer's reductions
+//! took 109 ms against 18 ms in an earlier session (most likely the same cause).
 //!
 //! Location: `$LOGLINEAR_KERNEL_CACHE` if set, else `$XDG_CACHE_HOME/loglinear/kernels`, else
 //! `~/.cache/loglinear/kernels`. Clear it with `rm -rf` of that directory (it is rebuilt on
