@@ -1415,3 +1415,174 @@ fn norm_kernels_match_f64() {
         check_norm(shape, centered, dtype, pitched, tol, seed);
     }
 }
+
+/// The causal-convolution kernels' `(y, dx, dweight, dbias)` against f64 for the loss `Σ y ⊙ g`.
+fn check_conv(
+    (b, t, c, k): (usize, usize, usize, usize),
+    bias: bool,
+    dtype: DType,
+    tol: f64,
+    seed: u64,
+) {
+    use burn::tensor::Distribution;
+    use loglinear::kernels::fused_causal_conv;
+    let device = device().autodiff();
+    device.seed(seed);
+    let s = t + k - 1;
+    let x = Tensor::<3>::random([b, s, c], Distribution::Normal(0.0, 1.0), &device)
+        .cast(dtype)
+        .detach()
+        .require_grad();
+    let weight = Tensor::<2>::random([c, k], Distribution::Normal(0.0, 0.5), &device)
+        .detach()
+        .require_grad();
+    let bias_t = Tensor::<1>::random([c], Distribution::Normal(0.0, 0.5), &device)
+        .detach()
+        .require_grad();
+    let g = Tensor::<3>::random([b, t, c], Distribution::Normal(0.0, 1.0), &device)
+        .cast(dtype)
+        .detach();
+    let y = fused_causal_conv(&x, &weight, bias.then_some(&bias_t))
+        .expect("the convolution kernels run on this device");
+    assert_eq!(y.dims(), [b, t, c], "conv output shape");
+    let grads = (y.clone().cast(DType::F32) * g.clone().cast(DType::F32))
+        .sum()
+        .backward();
+    let host =
+        |t: Tensor<3>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+    let host2 =
+        |t: Tensor<2>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+    let host1 =
+        |t: Tensor<1>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+    let (xs, ws, bs, gs) = (
+        host(x.clone().detach()),
+        host2(weight.clone().detach()),
+        host1(bias_t.clone().detach()),
+        host(g),
+    );
+    let (mut want_y, mut want_dx) = (vec![0.0; b * t * c], vec![0.0; b * s * c]);
+    let (mut want_dw, mut want_db) = (vec![0.0; c * k], vec![0.0; c]);
+    for bi in 0..b {
+        for ti in 0..t {
+            for ci in 0..c {
+                let o = (bi * t + ti) * c + ci;
+                let mut v = if bias { bs[ci] } else { 0.0 };
+                for j in 0..k {
+                    let xi = (bi * s + ti + j) * c + ci;
+                    v += ws[ci * k + j] * xs[xi];
+                    want_dx[xi] += ws[ci * k + j] * gs[o];
+                    want_dw[ci * k + j] += gs[o] * xs[xi];
+                }
+                want_y[o] = v;
+                want_db[ci] += gs[o];
+            }
+        }
+    }
+    let what = format!("conv B {b}, T {t}, C {c}, K {k}, bias {bias}, {dtype:?}, seed {seed}");
+    assert_close(&format!("{what}: y"), &want_y, &host(y.detach()), tol);
+    let dx = host(x.grad(&grads).expect("a gradient for x"));
+    assert_close(&format!("{what}: dx"), &want_dx, &dx, tol);
+    let dw = host2(weight.grad(&grads).expect("a gradient for the weight"));
+    assert_close(&format!("{what}: dweight"), &want_dw, &dw, tol);
+    if bias {
+        let db = host1(bias_t.grad(&grads).expect("a gradient for the bias"));
+        assert_close(&format!("{what}: dbias"), &want_db, &db, tol);
+    } else {
+        assert!(
+            bias_t.grad(&grads).is_none(),
+            "{what}: a gradient for a bias that was not used"
+        );
+    }
+}
+
+#[test]
+fn causal_conv_kernels_match_f64() {
+    let seed = test_seed(43);
+    // T = 1; one tap; channels past one cube of 256 and of the 128-wide column sums; more output
+    // rows than the 256 chunks of the weight sums; no bias (the Gated DeltaNet's convolution).
+    for (shape, bias, dtype, tol) in [
+        ((1, 1, 5, 4), true, DType::F32, 1e-5),
+        ((2, 7, 3, 1), true, DType::F32, 1e-5),
+        ((2, 70, 300, 4), true, DType::F32, 1e-5),
+        ((3, 200, 64, 4), false, DType::F32, 1e-5),
+        ((2, 63, 130, 3), true, DType::F16, 3e-3),
+    ] {
+        check_conv(shape, bias, dtype, tol, seed);
+    }
+}
+
+#[test]
+fn language_models_on_the_kernels_match_the_cpu() {
+    use loglinear::nn::{GdnConfig, LmConfig, LogLinearLm, MixerConfig};
+    use loglinear::ops::Form;
+    // The log-linear LMs (Mamba-2 and Gated DeltaNet mixers) with the same weights on the CPU
+    // (tensor ops) and on the test's CubeCL device (norms, the causal convolution and the loss
+    // on the kernels; the core op in the same chunked form on both): same logits, same
+    // gradients of the block's norms and of the mixer's convolution.
+    let seed = test_seed(47);
+    let (b, t) = (2, 70);
+    let mamba = LmConfig {
+        initializer_range: 0.2,
+        ..LmConfig::new(50, 2, MixerConfig::new(32))
+    };
+    let gdn = LmConfig {
+        gdn: Some(GdnConfig {
+            heads: 2,
+            d_state: 8,
+            head_dim: 8,
+            ..GdnConfig::new(32)
+        }),
+        ..mamba.clone()
+    };
+    let host1 =
+        |t: Tensor<1>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+    let host2 =
+        |t: Tensor<2>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+    let host3 =
+        |t: Tensor<3>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+    for (name, cfg) in [("mamba2", mamba), ("gdn", gdn)] {
+        let cpu = Device::flex().autodiff();
+        let gpu = device().autodiff();
+        let model = cfg.init(seed, &cpu);
+        let model_gpu = model.clone().fork(&gpu);
+        let tokens = loglinear::testing::random_tokens(b, t, cfg.vocab_size, seed, &Device::flex());
+        let run = |m: &LogLinearLm, device: &Device| {
+            let logits = m.forward(
+                tokens.clone().to_device(device),
+                Form::Chunked { chunk: 16 },
+            );
+            let w = Tensor::<3>::ones(logits.dims(), device).mul_scalar(0.01)
+                + logits.clone().detach().sin();
+            let grads = (logits.clone() * w).sum().backward();
+            let block = &m.blocks[0];
+            let grad1 = |p: &burn::module::Param<Tensor<1>>| host1(p.grad(&grads).expect("grad"));
+            let grad2 = |p: &burn::module::Param<Tensor<2>>| host2(p.grad(&grads).expect("grad"));
+            let (conv, norm) = match (&block.mixer, &block.gdn) {
+                (Some(mx), _) => (grad2(&mx.conv_weight), grad1(&mx.norm_weight)),
+                (None, Some(g)) => (grad2(&g.conv_weight), grad1(&g.norm_weight)),
+                _ => unreachable!("a block has a mixer"),
+            };
+            let mut bias = Vec::new();
+            if let Some(mx) = &block.mixer {
+                bias = grad1(&mx.conv_bias);
+            }
+            (
+                host3(logits.detach()),
+                grad1(&block.mixer_norm.weight),
+                conv,
+                norm,
+                bias,
+            )
+        };
+        let want = run(&model, &cpu);
+        let got = run(&model_gpu, &gpu);
+        let what = format!("{name} LM, T {t}, seed {seed}");
+        assert_close(&format!("{what}: logits"), &want.0, &got.0, 1e-4);
+        assert_close(&format!("{what}: d mixer_norm"), &want.1, &got.1, 1e-3);
+        assert_close(&format!("{what}: d conv_weight"), &want.2, &got.2, 1e-3);
+        assert_close(&format!("{what}: d mixer's norm"), &want.3, &got.3, 1e-3);
+        if !want.4.is_empty() {
+            assert_close(&format!("{what}: d conv_bias"), &want.4, &got.4, 1e-3);
+        }
+    }
+}

@@ -2,10 +2,12 @@
 //! softmax cross-entropy of the language model's loss ([`cross_entropy`]), the softmax of the
 //! Transformer baseline's attention ([`attention`]), the λ-MLP ([`lambda_mlp`]), batched matrix
 //! products with their backward ([`gemm`]; on cuBLAS on CUDA devices with the `cublas`
-//! feature), RMSNorm and LayerNorm ([`norm`]), and what the crate asks of CubeCL devices.
+//! feature), RMSNorm and LayerNorm ([`norm`]), the mixers' causal depthwise convolution
+//! ([`conv`]), and what the crate asks of CubeCL devices.
 
 pub mod attention;
 pub mod block_attention;
+pub mod conv;
 pub mod cross_entropy;
 #[cfg(feature = "cublas")]
 mod cublas;
@@ -474,6 +476,158 @@ pub fn fused_norm<const D: usize, const W: usize>(
         weight.clone().into_dispatch(),
         bias.unwrap_or(weight).clone().into_dispatch(),
         eps as f32,
+        bias.is_some(),
+    );
+    Some(Tensor::from_dispatch(y))
+}
+
+/// The mixers' causal depthwise convolution as CubeCL kernels with their own backward
+/// ([`conv`]): the entry point is [`fused_causal_conv`].
+#[backend_extension(Cube, Fusion: cfg(feature = "fusion"), Autodiff)]
+pub trait ConvKernels: Backend {
+    /// `y[b, t, c] = bias[c] + Σ_j w[c, j] · x[b, t + j, c]` for `x: [B, T + K − 1, C]` (left-
+    /// padded), `weight: [C, K]`, `bias: [C]` (read only where `has_bias`), computed in f32;
+    /// `y: [B, T, C]` in `x`'s dtype.
+    #[fusion(meta = |x, weight, _bias, _has_bias| burn::backend::fusion::custom::TensorSpec::new(
+        conv::conv_out_shape(&x.shape, weight.shape[1]),
+        x.dtype,
+    ))]
+    fn causal_conv(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
+    ) -> FloatTensor<Self>;
+
+    /// The gradients `(dx, dweight, dbias)` of [`Self::causal_conv`] for the output gradient
+    /// `dy`, each in the shape and dtype of its tensor (`dbias` 0 unless `has_bias`).
+    #[allow(clippy::type_complexity)]
+    #[fusion(meta = |x, weight, bias, _dy, _has_bias| (
+        burn::backend::fusion::custom::TensorSpec::new(x.shape.clone(), x.dtype),
+        burn::backend::fusion::custom::TensorSpec::new(weight.shape.clone(), weight.dtype),
+        burn::backend::fusion::custom::TensorSpec::new(bias.shape.clone(), bias.dtype),
+    ))]
+    fn causal_conv_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        has_bias: bool,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+}
+
+impl ConvKernels for CubeBackend {
+    fn causal_conv(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
+    ) -> FloatTensor<Self> {
+        conv::causal_conv(x, weight, bias, has_bias)
+    }
+
+    fn causal_conv_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        has_bias: bool,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let [dx, dw, db] = conv::causal_conv_backward(x, weight, bias, dy, has_bias);
+        (dx, dw, db)
+    }
+}
+
+impl<B: Backend + ConvKernels, C: CheckpointStrategy> ConvKernels for Autodiff<B, C> {
+    fn causal_conv(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
+    ) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct ConvBackward;
+
+        impl<B: Backend + ConvKernels> Backward<B, 3> for ConvBackward {
+            // The inputs: the backward needs `x` and the weight only.
+            type State = ([FloatTensor<B>; 3], bool);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 3>,
+                grads: &mut Gradients,
+                _checkpointer: &mut Checkpointer,
+            ) {
+                let grad = grads.consume::<B>(&ops.node);
+                let ([x, weight, bias], has_bias) = ops.state;
+                let (dx, dw, db) = B::causal_conv_backward(x, weight, bias, grad, has_bias);
+                let [px, pw, pb] = ops.parents;
+                // Without a bias, the bias slot holds a stand-in (the weight): no gradient.
+                let pb = if has_bias { pb } else { None };
+                for (parent, g) in [px, pw, pb].into_iter().zip([dx, dw, db]) {
+                    if let Some(node) = parent {
+                        grads.register::<B>(node.id, g);
+                    }
+                }
+            }
+        }
+
+        let nodes = [x.node(), weight.node(), bias.node()];
+        let inputs = [
+            x.into_primitive(),
+            weight.into_primitive(),
+            bias.into_primitive(),
+        ];
+        let [a, b, c] = inputs.clone();
+        let y = B::causal_conv(a, b, c, has_bias);
+        match ConvBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish((inputs, has_bias), y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        }
+    }
+
+    fn causal_conv_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        has_bias: bool,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        // Not itself differentiable: constants.
+        let (a, b, c) = B::causal_conv_backward(
+            x.into_primitive(),
+            weight.into_primitive(),
+            bias.into_primitive(),
+            dy.into_primitive(),
+            has_bias,
+        );
+        let inner = <Self as AutodiffBackend>::from_inner;
+        (inner(a), inner(b), inner(c))
+    }
+}
+
+/// The causal depthwise convolution `y[b, t, c] = bias[c] + Σ_j w[c, j] · x[b, t + j, c]` by the
+/// kernels above on a CubeCL device (`None` elsewhere: the caller uses tensor ops), computed in
+/// f32 and returned in `x`'s dtype.
+///
+/// # Shapes
+/// `x: [B, T + K − 1, C]` (the input left-padded with the `K − 1` previous positions),
+/// `weight: [C, K]`, `bias: [C]` → `[B, T, C]`.
+pub fn fused_causal_conv(
+    x: &Tensor<3>,
+    weight: &Tensor<2>,
+    bias: Option<&Tensor<1>>,
+) -> Option<Tensor<3>> {
+    if !is_cube_device(&x.device()) {
+        return None;
+    }
+    let y = <burn::backend::Dispatch as ConvKernels>::causal_conv(
+        x.clone().into_dispatch(),
+        weight.clone().into_dispatch(),
+        match bias {
+            Some(b) => b.clone().into_dispatch(),
+            None => weight.clone().into_dispatch(),
+        },
         bias.is_some(),
     );
     Some(Tensor::from_dispatch(y))

@@ -17,7 +17,7 @@ use burn::prelude::*;
 use burn::tensor::activation::{sigmoid, silu, softplus};
 
 use super::check::{ConfigError, positive};
-use super::init::{Dense, Init, rms_norm, to_dtype, wide};
+use super::init::{Dense, Init, causal_conv, rms_norm, to_dtype, wide};
 use super::lambda::{LambdaConfig, LevelWeights};
 use super::mixer::{MixerOutput, MixerState};
 use crate::fenwick;
@@ -289,13 +289,7 @@ impl LogLinearGatedDeltaNet {
             None => Tensor::zeros([b, k - 1, conv_dim], (&qkv.device(), dtype)),
         };
         let padded = Tensor::cat(vec![window, qkv], 1); // [B, T+K−1, conv_dim]
-        let weight = to_dtype(self.conv_weight.val(), dtype); // [conv_dim, K]
-        let mut conv = padded.clone().narrow(1, 0, t)
-            * weight.clone().narrow(1, 0, 1).reshape([1, 1, conv_dim]);
-        for j in 1..k {
-            let w_j = weight.clone().narrow(1, j, 1).reshape([1, 1, conv_dim]);
-            conv = conv + padded.clone().narrow(1, j, t) * w_j;
-        }
+        let conv = causal_conv(padded.clone(), self.conv_weight.val(), None);
         let new_window = padded.narrow(1, t, k - 1);
         let qkv = silu(conv); // [B, T, conv_dim]
 

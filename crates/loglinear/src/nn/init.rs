@@ -223,6 +223,36 @@ pub fn rms_norm<const D: usize>(x: Tensor<D>, weight: Tensor<1>, eps: f64) -> Te
     to_dtype(x / rms * weight.unsqueeze(), dtype)
 }
 
+/// The mixers' causal depthwise convolution `y[b, t, c] = bias[c] + Σ_j w[c, j] · x[b, t + j, c]`
+/// over an input left-padded with the `K − 1` previous positions, in the input's dtype. On
+/// CubeCL devices one kernel forward and three backward ([`crate::kernels::conv`], computed in
+/// f32); elsewhere the tensor ops below (in the input's dtype), which the kernels are tested
+/// against.
+///
+/// # Shapes
+/// `padded: [B, T + K − 1, C]`, `weight: [C, K]`, `bias: [C]` → `[B, T, C]`.
+pub fn causal_conv(padded: Tensor<3>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Tensor<3> {
+    #[cfg(feature = "kernels")]
+    if let Some(y) = crate::kernels::fused_causal_conv(&padded, &weight, bias.as_ref()) {
+        return y;
+    }
+    let dtype = padded.dtype();
+    let [_, s, c] = padded.dims();
+    let k = weight.dims()[1];
+    let t = s + 1 - k;
+    let weight = to_dtype(weight, dtype);
+    let mut conv: Option<Tensor<3>> = bias.map(|bias| to_dtype(bias, dtype).unsqueeze());
+    for j in 0..k {
+        let w_j = weight.clone().narrow(1, j, 1).reshape([1, 1, c]);
+        let term = padded.clone().narrow(1, j, t) * w_j;
+        conv = Some(match conv {
+            Some(sum) => sum + term,
+            None => term,
+        });
+    }
+    conv.expect("causal_conv: a weight of at least one tap")
+}
+
 /// Layer normalisation `(x − mean) / sqrt(var + eps) ⊙ weight + bias` over the last axis
 /// (biased variance, as PyTorch).
 #[derive(Module, Debug)]

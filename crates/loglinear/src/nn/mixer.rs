@@ -7,7 +7,7 @@ use burn::tensor::activation::{silu, softplus};
 use serde::{Deserialize, Serialize};
 
 use super::check::{ConfigError, positive};
-use super::init::{Dense, Init, rms_norm, to_dtype, wide};
+use super::init::{Dense, Init, causal_conv, rms_norm, to_dtype, wide};
 use super::lambda::{LambdaConfig, LevelWeights};
 use crate::fenwick;
 use crate::ops::{FenwickState, Form, LogLinearInput, log_linear_attn};
@@ -324,12 +324,11 @@ impl LogLinearMamba2 {
             None => Tensor::zeros([b, k - 1, conv_dim], (&xbc.device(), xbc.dtype())),
         };
         let padded = Tensor::cat(vec![window, xbc], 1); // [B, T+K−1, conv_dim]
-        let weight = to_dtype(self.conv_weight.val(), dtype); // [conv_dim, K]
-        let mut conv = to_dtype(self.conv_bias.val(), dtype).unsqueeze::<3>();
-        for j in 0..k {
-            let w_j = weight.clone().narrow(1, j, 1).reshape([1, 1, conv_dim]);
-            conv = conv + padded.clone().narrow(1, j, t) * w_j;
-        }
+        let conv = causal_conv(
+            padded.clone(),
+            self.conv_weight.val(),
+            Some(self.conv_bias.val()),
+        );
         let new_window = padded.narrow(1, t, k - 1);
         let xbc = silu(conv); // [B, T, conv_dim]
 
