@@ -3,13 +3,13 @@
 //! kernels) and the autotune level.
 //!
 //! Autotune results are kept in memory only, each process tuning the operations it runs (a few
-//! seconds), unless `LOGLINEAR_AUTOTUNE_CACHE=1` (or CubeCL's own `CUBECL_AUTOTUNE_CACHE`) asks
-//! for the on-disk cache too. Why: CubeCL keys a decision by a bucket of shapes, so a decision
-//! stored by one workload is served to another whose shapes fall into the same bucket without
-//! being tuned for them. Measured on the H200 (bench/RESULTS.md, session 12): with a cache that
-//! MQAR sweeps had filled, the D = 512 LM step took 93.1 ms (its 108 Burn reductions 36.8 ms);
-//! tuned in its own process, 75.7 ms (16.9 ms). With that cache the Transformer's reductions
-//! took 109 ms against 18 ms in an earlier session (most likely the same cause).
+//! seconds); the on-disk autotune cache is off. Why: CubeCL keys a decision by a bucket of
+//! shapes, so a decision stored by one workload is served to another whose shapes fall into the
+//! same bucket without being tuned for them. Measured on the H200 (bench/RESULTS.md, session 12):
+//! with a cache that MQAR sweeps had filled, the D = 512 LM step took 93.1 ms (its 108 Burn
+//! reductions 36.8 ms); tuned in its own process, 75.7 ms (16.9 ms). With that cache the
+//! Transformer's reductions took 109 ms against 18 ms in an earlier session (most likely the same
+//! cause). A `cubecl.toml` (below) can still turn it on.
 //!
 //! Location: `$LOGLINEAR_KERNEL_CACHE` if set, else `$XDG_CACHE_HOME/loglinear/kernels`, else
 //! `~/.cache/loglinear/kernels`. Clear it with `rm -rf` of that directory (it is rebuilt on
@@ -96,11 +96,8 @@ pub fn enable() {
     config.compilation.cache = true;
     config.environment.path = CacheConfig::Directory(cache_dir());
     config.autotune.level = autotune_level();
-    config.autotune.disable_cache = !persistent_autotune(
-        std::env::var("LOGLINEAR_AUTOTUNE_CACHE").ok().as_deref(),
-        std::env::var_os("CUBECL_AUTOTUNE_CACHE").is_some(),
-        config.autotune.disable_cache,
-    );
+    // Decisions stored by one workload mislead another (module docs).
+    config.autotune.disable_cache = true;
     if std::env::var_os("CUBECL_DEBUG_LOG").is_none()
         && std::env::var("LOGLINEAR_AUTOTUNE_LOG").map_or(true, |v| v != "0")
     {
@@ -120,34 +117,8 @@ pub fn enable() {
     let _ = CubeClRuntimeConfig::try_set(config);
 }
 
-/// Whether autotune results persist across processes (see the module docs): when
-/// `LOGLINEAR_AUTOTUNE_CACHE` is `1`/`true`; else, when `CUBECL_AUTOTUNE_CACHE` is set, what
-/// CubeCL read from it (`cubecl_disabled`); else not.
-fn persistent_autotune(loglinear: Option<&str>, cubecl_set: bool, cubecl_disabled: bool) -> bool {
-    match loglinear {
-        Some(v) => matches!(v.trim(), "1" | "true"),
-        None => cubecl_set && !cubecl_disabled,
-    }
-}
-
 /// Without `persistence` there is nothing to enable.
 #[cfg(not(feature = "persistence"))]
 pub fn enable() {
-    let _ = (user_config_exists, persistent_autotune);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::persistent_autotune;
-
-    #[test]
-    fn autotune_results_stay_in_the_process_unless_asked_for() {
-        assert!(!persistent_autotune(None, false, false));
-        assert!(persistent_autotune(Some("1"), false, false));
-        assert!(persistent_autotune(Some("true"), true, true));
-        assert!(!persistent_autotune(Some("0"), true, false));
-        // CubeCL's own variable, as CubeCL read it.
-        assert!(persistent_autotune(None, true, false));
-        assert!(!persistent_autotune(None, true, true));
-    }
+    let _ = user_config_exists;
 }

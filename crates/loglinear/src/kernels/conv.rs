@@ -11,7 +11,7 @@
 //! `dx[b, s, c] = Σ_j w[c, j] · dy[b, s − j, c]`): one unit per element. The weight's and bias's
 //! gradients (`Σ_{b,t} dy[b, t, c] · x[b, t + j, c]` and `Σ_{b,t} dy[b, t, c]`): one unit per
 //! channel over a chunk of output rows, its `K + 1` sums in registers, into per-chunk partial
-//! sums ([`conv_columns_kernel`]) that [`super::norm::column_sum_kernel`] adds.
+//! sums ([`conv_columns_kernel`]) that `norm::sum_chunks` adds.
 
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn::backend::ops::FloatTensorOps;
@@ -22,7 +22,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::Cb;
-use super::norm::{COLUMN_THREADS, column_sum_kernel};
+use super::norm::sum_chunks;
 
 /// Units per cube of the element-wise kernels and of the column sums.
 const CONV_THREADS: usize = 256;
@@ -275,21 +275,9 @@ pub fn causal_conv_backward(
         storage,
     );
     // The chunks' sums added: `[K + 1, C]` as one row of width (K + 1)·C.
-    let width = (k + 1) * c;
-    let total = empty_device_contiguous_dtype(
-        client.clone(),
-        device.clone(),
+    let total = Cb::float_reshape(
+        sum_chunks(partial, 1, chunks, (k + 1) * c),
         Shape::new([k + 1, c]),
-        DType::F32,
-    );
-    column_sum_kernel::launch(
-        &client,
-        CubeCount::Static(width.div_ceil(COLUMN_THREADS) as u32, 1, 1),
-        CubeDim::new_1d(COLUMN_THREADS as u32),
-        partial.into_tensor_arg(),
-        total.clone().into_tensor_arg(),
-        width,
-        chunks,
     );
     // dweight: rows 0..K of the total, `[K, C]` → `[C, K]`.
     let dw = Cb::float_slice(

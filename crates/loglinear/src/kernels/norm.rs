@@ -34,7 +34,7 @@ use super::rows::{cube_sum, new_rows, row_grid, rows_and_width, rows_of};
 /// Units per cube of the row kernels (one cube per row).
 pub const NORM_THREADS: usize = 128;
 /// Units per cube (one per column) of the column-sum kernels.
-pub(crate) const COLUMN_THREADS: usize = 128;
+const COLUMN_THREADS: usize = 128;
 /// Row chunks per replica of the column sums at most (each chunk one partial sum per column).
 const COLUMN_CHUNKS: usize = 256;
 
@@ -227,6 +227,34 @@ pub fn column_sum_kernel(
     out[rep * width + col] = s;
 }
 
+/// `[groups, width]` (f32): the sums over the chunks of `partial: [groups, chunks, width]`
+/// ([`column_sum_kernel`]), the second stage of the column sums here and in [`super::conv`].
+pub(crate) fn sum_chunks(
+    partial: CubeTensor,
+    groups: usize,
+    chunks: usize,
+    width: usize,
+) -> CubeTensor {
+    let out = empty_device_contiguous_dtype(
+        partial.client.clone(),
+        partial.device.clone(),
+        Shape::new([groups, width]),
+        DType::F32,
+    );
+    if groups > 0 && width > 0 {
+        column_sum_kernel::launch(
+            &partial.client.clone(),
+            CubeCount::Static(width.div_ceil(COLUMN_THREADS) as u32, groups as u32, 1),
+            CubeDim::new_1d(COLUMN_THREADS as u32),
+            partial.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            width,
+            chunks,
+        );
+    }
+    out
+}
+
 /// `(replicas, rows per replica)` of `x: [..., D]` normalised with weights `[D]` or `[R, D]`,
 /// checked.
 fn norm_dims(x: &CubeTensor, weight: &CubeTensor) -> (usize, usize, usize, usize) {
@@ -381,16 +409,7 @@ pub fn norm_backward(
         storage,
     );
     let total = |partial: CubeTensor, shape: Shape, dtype: DType| {
-        let out = empty(Shape::new([replicas, width]));
-        column_sum_kernel::launch(
-            &client,
-            CubeCount::Static(column_cubes, replicas as u32, 1),
-            CubeDim::new_1d(COLUMN_THREADS as u32),
-            partial.into_tensor_arg(),
-            out.clone().into_tensor_arg(),
-            width,
-            chunks,
-        );
+        let out = sum_chunks(partial, replicas, chunks, width);
         super::cast(super::Cb::float_reshape(out, shape), dtype)
     };
     let dw = total(p_w, w_shape, w_dtype);
