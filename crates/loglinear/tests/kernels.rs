@@ -794,6 +794,57 @@ fn transformer_beyond_one_attention_block_matches_the_cpu() {
     assert_transformer_matches_cpu(&cfg, seed, 1, t);
 }
 
+#[test]
+fn transformer_in_bf16_attends_with_flash_attention_like_the_cpu() {
+    use burn::module::Module;
+    use loglinear::nn::{Precision, TransformerConfig};
+    // In bf16 on a device whose tensor cores take bf16 tiles, the Transformer's attention is the
+    // fused FlashAttention kernels, reading q, k and v as views of the qkv projection: the same
+    // logits (to bf16's rounding) and gradient of the first attention weights as the f32 model
+    // with Burn's attention on the CPU. A wrong head layout or mask is off by order 1.
+    let probe = Tensor::<4>::zeros([1, 1, 1, 32], &device()).cast(DType::BF16);
+    if !loglinear::kernels::flash_attention_on_tensor_cores(&probe) {
+        eprintln!("skipped: this device's tensor cores do not take bf16 tiles (CUDA runs it)");
+        return;
+    }
+    let seed = test_seed(29);
+    let cfg = TransformerConfig {
+        max_seq_len: 200,
+        initializer_range: 0.2,
+        ..TransformerConfig::new(41, 64, 2, 2)
+    };
+    let (b, t) = (2, 150);
+    let cpu = Device::flex().autodiff();
+    let gpu = device().autodiff();
+    let model = cfg.init(seed, &cpu);
+    let mut model_gpu = model.clone().fork(&gpu);
+    model_gpu.config.precision = Precision::Bf16;
+    let tokens = loglinear::testing::random_tokens(b, t, cfg.vocab_size, seed, &Device::flex());
+    let host =
+        |t: Tensor<3>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+    let host2 =
+        |t: Tensor<2>| -> Vec<f64> { t.into_data().convert::<f64>().iter::<f64>().collect() };
+    let run = |m: &loglinear::nn::TransformerLm, device: &Device| {
+        let logits = m.run(tokens.clone().to_device(device)).cast(DType::F32);
+        let w = Tensor::<3>::ones(logits.dims(), device).mul_scalar(0.01)
+            + logits.clone().detach().sin();
+        let grads = (logits.clone() * w).sum().backward();
+        let dqkv = m.blocks[0]
+            .attn
+            .qkv
+            .linear
+            .weight
+            .grad(&grads)
+            .expect("a gradient for the first qkv weight");
+        (host(logits.detach()), host2(dqkv))
+    };
+    let (want_logits, want_dqkv) = run(&model, &cpu);
+    let (logits, dqkv) = run(&model_gpu, &gpu);
+    let what = format!("T {t}, seed {seed}, bf16");
+    assert_close(&format!("{what}: logits"), &want_logits, &logits, 3e-2);
+    assert_close(&format!("{what}: dW_qkv"), &want_dqkv, &dqkv, 8e-2);
+}
+
 /// The Transformer of `cfg` with the same weights on the CPU (Burn's attention) and on the
 /// test's CubeCL device (the attention on the kernels): the same logits and the same gradient
 /// of the first attention weights for `b × t` random tokens. Returns the device's model and
@@ -1260,6 +1311,135 @@ fn block_attention_matches_f64() {
             check("dq", &want_dq, &dq);
             check("dk", &want_dk, &dk);
             check("dv", &want_dv, &dvv);
+        }
+    }
+}
+
+/// The fused (FlashAttention) kernels' output and `dq`, `dk`, `dv` against the f64 definition, for
+/// inputs that are strided views (`[B, T, H, d]` with heads and time swapped, as the Transformer
+/// passes them), at awkward lengths (T = 1, 7, 63, 70, 200; partial last blocks), after a cache
+/// (`past` > 0), for each block edge and head width that fits the device. On CUDA the half
+/// precision case is bf16 on tensor cores (the Transformer's path); elsewhere f16 on the scalar
+/// products.
+#[test]
+fn flash_attention_matches_f64() {
+    use burn::tensor::Distribution;
+    use loglinear::kernels::causal_flash_attention;
+    let seed = test_seed(23);
+    let device = device().autodiff();
+    let cuda = cfg!(feature = "cuda");
+    let half = if cuda { DType::BF16 } else { DType::F16 };
+    // (B, H, T, past, d, block; 0 = the planner's choice). A block of 64 or a head of 128 in f32
+    // takes more shared memory than lavapipe's 32 KB: those cases run on CUDA only.
+    let mut cases: Vec<(usize, usize, usize, usize, usize, usize)> = vec![
+        (1, 3, 1, 0, 16, 16),
+        (2, 2, 7, 0, 16, 0),
+        (1, 2, 63, 0, 32, 16),
+        (2, 1, 70, 0, 64, 16),
+        (1, 1, 200, 0, 16, 32),
+        (1, 2, 30, 20, 16, 16),
+        (1, 2, 1, 64, 64, 16),
+        (1, 1, 90, 40, 32, 16),
+    ];
+    if cuda {
+        cases.extend([
+            (2, 2, 200, 0, 64, 64),
+            (1, 2, 70, 0, 128, 0),
+            (1, 1, 130, 70, 64, 64),
+            (1, 2, 64, 0, 64, 32),
+        ]);
+    }
+    let half_tol = if cuda { 5e-2 } else { 1e-2 };
+    for (dtype, tol) in [(DType::F32, 1e-4), (half, half_tol)] {
+        for (i, &(b, h, t, past, d, block)) in cases.iter().enumerate() {
+            device.seed(seed.wrapping_add(i as u64));
+            let keys = past + t;
+            let what = format!(
+                "B {b}, H {h}, T {t}, past {past}, d {d}, block {block}, {dtype:?}, seed {seed}"
+            );
+            // [B, T, H, d] drawn, seen as [B, H, T, d]: a view with strides (T·H·d, d, H·d, 1).
+            let input = |rows: usize| {
+                Tensor::<4>::random([b, rows, h, d], Distribution::Normal(0.0, 1.0), &device)
+                    .cast(dtype)
+                    .detach()
+                    .swap_dims(1, 2)
+                    .require_grad()
+            };
+            let (q, k, v) = (input(t), input(keys), input(keys));
+            let w =
+                Tensor::<4>::random([b, h, t, d], Distribution::Normal(0.0, 1.0), &device).detach();
+            let host = |t: Tensor<4>| -> Vec<f64> {
+                t.into_data().convert::<f64>().iter::<f64>().collect()
+            };
+            let (hq, hk, hv, hw) = (
+                host(q.clone().detach()),
+                host(k.clone().detach()),
+                host(v.clone().detach()),
+                host(w.clone()),
+            );
+            let scale = 0.4f32;
+            let o =
+                causal_flash_attention(&q, &k, &v, scale, past, block).expect("a CubeCL device");
+            assert_eq!(o.dims(), [b, h, t, d], "{what}");
+            let grads = (o.clone().cast(DType::F32) * w).sum().backward();
+            let grad = |x: &Tensor<4>, name: &str| {
+                host(
+                    x.grad(&grads)
+                        .unwrap_or_else(|| panic!("{what}: no gradient for {name}")),
+                )
+            };
+            let (dq, dk, dv) = (grad(&q, "q"), grad(&k, "k"), grad(&v, "v"));
+            let o = host(o.detach());
+            // f64 definition: query r at position past + r sees keys 0..=past + r.
+            let s = scale as f64;
+            let n = b * h;
+            let (mut want_o, mut want_dq) = (vec![0.0; n * t * d], vec![0.0; n * t * d]);
+            let (mut want_dk, mut want_dv) = (vec![0.0; n * keys * d], vec![0.0; n * keys * d]);
+            for seq in 0..n {
+                let (qb, kb) = (seq * t * d, seq * keys * d);
+                for r in 0..t {
+                    let seen = past + r + 1;
+                    let x: Vec<f64> = (0..seen)
+                        .map(|j| {
+                            s * (0..d)
+                                .map(|c| hq[qb + r * d + c] * hk[kb + j * d + c])
+                                .sum::<f64>()
+                        })
+                        .collect();
+                    let m = x.iter().cloned().fold(f64::MIN, f64::max);
+                    let z: f64 = x.iter().map(|v| (v - m).exp()).sum();
+                    let p: Vec<f64> = x.iter().map(|v| (v - m).exp() / z).collect();
+                    let g = &hw[qb + r * d..qb + (r + 1) * d];
+                    let dp: Vec<f64> = (0..seen)
+                        .map(|j| (0..d).map(|c| g[c] * hv[kb + j * d + c]).sum())
+                        .collect();
+                    let dot: f64 = p.iter().zip(&dp).map(|(p, g)| p * g).sum();
+                    for j in 0..seen {
+                        let ds = s * p[j] * (dp[j] - dot);
+                        for c in 0..d {
+                            want_o[qb + r * d + c] += p[j] * hv[kb + j * d + c];
+                            want_dv[kb + j * d + c] += p[j] * g[c];
+                            want_dq[qb + r * d + c] += ds * hk[kb + j * d + c];
+                            want_dk[kb + j * d + c] += ds * hq[qb + r * d + c];
+                        }
+                    }
+                }
+            }
+            let check = |name: &str, want: &[f64], got: &[f64]| {
+                if want.iter().all(|x| *x == 0.0) {
+                    // One visible key per query (T = 1 without a cache): q and k get no gradient.
+                    assert!(
+                        got.iter().all(|g| g.abs() <= 1e-6),
+                        "{what}: {name} {got:?}"
+                    );
+                } else {
+                    assert_close(&format!("{what}: {name}"), want, got, tol);
+                }
+            };
+            check("output", &want_o, &o);
+            check("dq", &want_dq, &dq);
+            check("dk", &want_dk, &dk);
+            check("dv", &want_dv, &dv);
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod conv;
 pub mod cross_entropy;
 #[cfg(feature = "cublas")]
 mod cublas;
+pub mod flash_attention;
 pub mod gemm;
 pub mod lambda_mlp;
 pub mod norm;
@@ -315,6 +316,47 @@ pub fn causal_block_attention(
         block,
     );
     Some(Tensor::from_dispatch(o))
+}
+
+/// Causal attention by the fused kernels of [`flash_attention`] on a CubeCL device (`None`
+/// elsewhere): `softmax(scale · q kᵀ + causal mask) · v` with query `i` at position `past + i`
+/// seeing keys `0 ..= past + i`, differentiable in `q`, `k` and `v`; `block`: the query and key
+/// block edge (0: the largest that fits the device, what callers other than tests pass).
+///
+/// # Shapes
+/// `q: [B, H, T, d]`, `k, v: [B, H, past + T, d]` (any strides), `d` ∈
+/// [`flash_attention::HEAD_DIMS`] → `[B, H, T, d]`.
+pub fn causal_flash_attention(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    scale: f32,
+    past: usize,
+    block: usize,
+) -> Option<Tensor<4>> {
+    use flash_attention::FlashAttentionKernels;
+    if !is_cube_device(&q.device()) {
+        return None;
+    }
+    let (o, _lse) = <burn::backend::Dispatch as FlashAttentionKernels>::flash_attention(
+        q.clone().into_dispatch(),
+        k.clone().into_dispatch(),
+        v.clone().into_dispatch(),
+        scale,
+        past,
+        block,
+    );
+    Some(Tensor::from_dispatch(o))
+}
+
+/// Whether [`causal_flash_attention`] runs on tensor cores for `q: [B, H, T, d]` (bf16, a head
+/// width it takes, a device whose `cmma` takes bf16 tiles): where it does, the Transformer
+/// attends with it.
+pub fn flash_attention_on_tensor_cores(q: &Tensor<4>) -> bool {
+    is_cube_device(&q.device())
+        && q.dtype() == DType::BF16
+        && flash_attention::HEAD_DIMS.contains(&q.dims()[3])
+        && crate::ops::fused::bf16_cmma(&q.device())
 }
 
 /// RMSNorm and LayerNorm over the last axis as CubeCL kernels with their own backward

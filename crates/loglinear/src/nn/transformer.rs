@@ -243,12 +243,14 @@ impl CausalSelfAttention {
     }
 
     /// `softmax(q kᵀ / √head_dim + causal mask) v` with query `i` at position `past + i` seeing
-    /// keys `0 ..= past + i`. On CubeCL devices the two products run on
-    /// [`crate::linalg::matmul`] (cuBLAS on CUDA) and the softmax is one kernel each way
-    /// ([`crate::kernels::attention`]; Burn's attention under autodiff is a dozen separate ops
-    /// over the `[B, H, T, T]` scores); beyond `ATTENTION_BLOCK` queries the same in blocks of
-    /// queries with the probabilities recomputed in the backward
-    /// ([`crate::kernels::block_attention`]); elsewhere it is Burn's `attention`.
+    /// keys `0 ..= past + i`. Where the device's tensor cores take the inputs (bf16, a head
+    /// width of 16, 32, 64 or 128) it is the fused FlashAttention kernels
+    /// ([`crate::kernels::flash_attention`]: no score in device memory). Elsewhere on CubeCL
+    /// devices the two products run on [`crate::linalg::matmul`] (cuBLAS on CUDA) and the softmax
+    /// is one kernel each way ([`crate::kernels::attention`]; Burn's attention under autodiff is a
+    /// dozen separate ops over the `[B, H, T, T]` scores); beyond `ATTENTION_BLOCK` queries the
+    /// same in blocks of queries with the probabilities recomputed in the backward
+    /// ([`crate::kernels::block_attention`]); on other devices it is Burn's `attention`.
     ///
     /// # Shapes
     /// `q: [B, H, T, hd]`, `keys, values: [B, H, past + T, hd]` → `[B, H, T, hd]`.
@@ -260,6 +262,12 @@ impl CausalSelfAttention {
             use crate::linalg::matmul;
             let [hd, s] = [q.dims()[3], keys.dims()[2]];
             let scale = (hd as f32).powf(-0.5);
+            if crate::kernels::flash_attention_on_tensor_cores(&q)
+                && let Some(o) =
+                    crate::kernels::causal_flash_attention(&q, &keys, &values, scale, past, 0)
+            {
+                return o;
+            }
             if t > ATTENTION_BLOCK {
                 // Long sequences: blocks of queries, probabilities recomputed in the backward
                 // (no [B, H, T, T] tensor kept per layer).

@@ -23,7 +23,7 @@
 mod backward;
 mod cube;
 mod launch;
-mod tensor_core;
+pub(crate) mod tensor_core;
 mod tensor_core_backward;
 
 #[doc(hidden)]
@@ -277,6 +277,11 @@ pub fn bf16_cmma(device: &Device) -> bool {
         #[allow(unreachable_patterns)]
         _ => false,
     }
+}
+
+/// [`bf16_cmma`] for a CubeCL device (the other kernels' launches have one at hand).
+pub(crate) fn cube_bf16_cmma(device: &burn_cubecl::CubeDevice) -> bool {
+    launch::bf16_cmma(device)
 }
 
 /// The fused op on a CubeCL device, or why it cannot run there (the caller falls back to the
