@@ -1444,6 +1444,105 @@ fn flash_attention_matches_f64() {
     }
 }
 
+/// The broadcast-parameter ops (`x + b`, `x ⊙ w` with the parameter over `x`'s last axes, its
+/// gradient summed over the leading axes by the column kernels) against f64: outputs, `dx` and
+/// the parameter's gradient for the loss `Σ y ⊙ g`, with rows from 1 to past one chunk per
+/// column, one or two parameter axes, an f32 parameter under half-precision `x`.
+#[test]
+fn column_kernels_match_f64() {
+    use burn::tensor::Distribution;
+    use loglinear::kernels::{add_columns, scale_columns};
+    let seed = test_seed(31);
+    let device = device().autodiff();
+    let half = if cfg!(feature = "cuda") {
+        DType::BF16
+    } else {
+        DType::F16
+    };
+    // (leading rows, parameter shape): rows 1, 7, 300 (> one row per chunk), 1,000.
+    let cases: [(usize, &[usize]); 5] = [
+        (1, &[5]),
+        (7, &[3, 4]),
+        (300, &[130]),
+        (1000, &[8]),
+        (70, &[2, 15]),
+    ];
+    for (dtype, tol) in [(DType::F32, 1e-5), (half, 1e-2)] {
+        for (i, &(rows, pshape)) in cases.iter().enumerate() {
+            device.seed(seed.wrapping_add(i as u64));
+            let width: usize = pshape.iter().product();
+            let what = format!("rows {rows}, parameter {pshape:?}, {dtype:?}, seed {seed}");
+            let host = |t: Tensor<1>| -> Vec<f64> {
+                t.into_data().convert::<f64>().iter::<f64>().collect()
+            };
+            let x2 = Tensor::<2>::random([rows, width], Distribution::Normal(0.0, 1.0), &device)
+                .cast(dtype)
+                .detach();
+            let p1 = Tensor::<1>::random([width], Distribution::Normal(0.5, 1.0), &device).detach();
+            let g2 = Tensor::<2>::random([rows, width], Distribution::Normal(0.0, 1.0), &device)
+                .detach();
+            let (hx, hp, hg) = (
+                host(x2.clone().reshape([rows * width])),
+                host(p1.clone()),
+                host(g2.clone().reshape([rows * width])),
+            );
+            for scale in [false, true] {
+                let x = x2.clone().require_grad();
+                let p = p1.clone().require_grad();
+                // x as [2, rows/2 or rows, ...] when the parameter has two axes, to test rank.
+                let y = if pshape.len() == 2 {
+                    let x3 = x.clone().reshape([rows, pshape[0], pshape[1]]);
+                    let p2 = p.clone().reshape([pshape[0], pshape[1]]);
+                    let y = if scale {
+                        scale_columns(&x3, &p2)
+                    } else {
+                        add_columns(&x3, &p2)
+                    };
+                    y.expect("a CubeCL device").reshape([rows, width])
+                } else {
+                    let y = if scale {
+                        scale_columns(&x, &p)
+                    } else {
+                        add_columns(&x, &p)
+                    };
+                    y.expect("a CubeCL device")
+                };
+                let grads = (y.clone().cast(DType::F32) * g2.clone()).sum().backward();
+                let got_y = host(y.detach().cast(DType::F32).reshape([rows * width]));
+                let got_dx = host(
+                    x.grad(&grads)
+                        .expect("dx")
+                        .cast(DType::F32)
+                        .reshape([rows * width]),
+                );
+                let got_dp = host(p.grad(&grads).expect("dp"));
+                let mut want_y = vec![0.0; rows * width];
+                let mut want_dx = vec![0.0; rows * width];
+                let mut want_dp = vec![0.0; width];
+                for r in 0..rows {
+                    for c in 0..width {
+                        let e = r * width + c;
+                        if scale {
+                            want_y[e] = hx[e] * hp[c];
+                            want_dx[e] = hg[e] * hp[c];
+                            want_dp[c] += hg[e] * hx[e];
+                        } else {
+                            want_y[e] = hx[e] + hp[c];
+                            want_dx[e] = hg[e];
+                            want_dp[c] += hg[e];
+                        }
+                    }
+                }
+                let op = if scale { "scale" } else { "bias" };
+                assert_close(&format!("{what}, {op}: y"), &want_y, &got_y, tol);
+                assert_close(&format!("{what}, {op}: dx"), &want_dx, &got_dx, tol);
+                // The parameter's gradient is summed in f32 from half-precision products.
+                assert_close(&format!("{what}, {op}: dparameter"), &want_dp, &got_dp, tol);
+            }
+        }
+    }
+}
+
 /// The norm kernels' `(y, dx, dw, db)` against f64 for the loss `Σ y ⊙ g`: RMSNorm (`centered`
 /// false) or LayerNorm, `x: [R, M, D]` with weights `[R, D]` (`R` replicas; `R = 1` passes them
 /// as `[D]`), `x` optionally a narrowed (pitched) view of wider rows.

@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod block_attention;
+pub mod columns;
 pub mod conv;
 pub mod cross_entropy;
 #[cfg(feature = "cublas")]
@@ -357,6 +358,46 @@ pub fn flash_attention_on_tensor_cores(q: &Tensor<4>) -> bool {
         && q.dtype() == DType::BF16
         && flash_attention::HEAD_DIMS.contains(&q.dims()[3])
         && crate::ops::fused::bf16_cmma(&q.device())
+}
+
+/// `x + b` with `b` over `x`'s last axes, its gradient summed over the leading axes by
+/// [`columns`]' kernels, on a CubeCL device (`None` elsewhere); `b` is cast to `x`'s dtype.
+///
+/// # Shapes
+/// `x: [..., W...]`, `b: [W...]` (`x`'s last `R` axes) → `x`'s shape.
+pub fn add_columns<const D: usize, const R: usize>(
+    x: &Tensor<D>,
+    b: &Tensor<R>,
+) -> Option<Tensor<D>> {
+    use columns::ColumnKernels;
+    if !is_cube_device(&x.device()) {
+        return None;
+    }
+    let y = <burn::backend::Dispatch as ColumnKernels>::add_columns(
+        x.clone().into_dispatch(),
+        b.clone().into_dispatch(),
+    );
+    Some(Tensor::from_dispatch(y))
+}
+
+/// `x ⊙ w` with `w` over `x`'s last axes, its gradient summed over the leading axes by
+/// [`columns`]' kernels, on a CubeCL device (`None` elsewhere); `w` is cast to `x`'s dtype.
+///
+/// # Shapes
+/// `x: [..., W...]`, `w: [W...]` (`x`'s last `R` axes) → `x`'s shape.
+pub fn scale_columns<const D: usize, const R: usize>(
+    x: &Tensor<D>,
+    w: &Tensor<R>,
+) -> Option<Tensor<D>> {
+    use columns::ColumnKernels;
+    if !is_cube_device(&x.device()) {
+        return None;
+    }
+    let y = <burn::backend::Dispatch as ColumnKernels>::scale_columns(
+        x.clone().into_dispatch(),
+        w.clone().into_dispatch(),
+    );
+    Some(Tensor::from_dispatch(y))
 }
 
 /// RMSNorm and LayerNorm over the last axis as CubeCL kernels with their own backward

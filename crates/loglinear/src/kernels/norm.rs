@@ -34,9 +34,9 @@ use super::rows::{cube_sum, new_rows, row_grid, rows_and_width, rows_of};
 /// Units per cube of the row kernels (one cube per row).
 pub const NORM_THREADS: usize = 128;
 /// Units per cube (one per column) of the column-sum kernels.
-const COLUMN_THREADS: usize = 128;
+pub(crate) const COLUMN_THREADS: usize = 128;
 /// Row chunks per replica of the column sums at most (each chunk one partial sum per column).
-const COLUMN_CHUNKS: usize = 256;
+pub(crate) const COLUMN_CHUNKS: usize = 256;
 
 // The tree reduction of `cube_sum` needs a power of two.
 const _: () = assert!(NORM_THREADS.is_power_of_two());

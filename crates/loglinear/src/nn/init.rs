@@ -223,6 +223,35 @@ pub fn rms_norm<const D: usize>(x: Tensor<D>, weight: Tensor<1>, eps: f64) -> Te
     to_dtype(x / rms * weight.unsqueeze(), dtype)
 }
 
+/// `x + b`, `b` over `x`'s last axes and cast to `x`'s dtype. On CubeCL devices `b`'s gradient
+/// is summed over the leading axes by kernels ([`crate::kernels::columns`]: Burn's reductions
+/// over 32,768 rows took 0.3 ms each); elsewhere a broadcast add.
+///
+/// # Shapes
+/// `x: [..., W...]`, `b: [W...]` → `x`'s shape.
+pub fn add_bias<const D: usize, const R: usize>(x: Tensor<D>, b: Tensor<R>) -> Tensor<D> {
+    #[cfg(feature = "kernels")]
+    if let Some(y) = crate::kernels::add_columns(&x, &b) {
+        return y;
+    }
+    let b = to_dtype(b, x.dtype());
+    x + b.unsqueeze()
+}
+
+/// `x ⊙ w`, `w` over `x`'s last axes and cast to `x`'s dtype; `w`'s gradient summed over the
+/// leading axes by kernels on CubeCL devices, as [`add_bias`].
+///
+/// # Shapes
+/// `x: [..., W...]`, `w: [W...]` → `x`'s shape.
+pub fn scale_by<const D: usize, const R: usize>(x: Tensor<D>, w: Tensor<R>) -> Tensor<D> {
+    #[cfg(feature = "kernels")]
+    if let Some(y) = crate::kernels::scale_columns(&x, &w) {
+        return y;
+    }
+    let w = to_dtype(w, x.dtype());
+    x * w.unsqueeze()
+}
+
 /// The mixers' causal depthwise convolution `y[b, t, c] = bias[c] + Σ_j w[c, j] · x[b, t + j, c]`
 /// over an input left-padded with the `K − 1` previous positions, in the input's dtype. On
 /// CubeCL devices one kernel forward and three backward ([`crate::kernels::conv`], computed in

@@ -293,8 +293,7 @@ impl LevelWeights {
         match self.mode {
             LambdaMode::Linear => {
                 let scale = self.scale.as_ref().expect("linear λ has a scale").val();
-                let scale = to_dtype(scale, dl.dtype());
-                softplus(dl * scale.unsqueeze(), 1.0)
+                softplus(super::init::scale_by(dl, scale), 1.0)
             }
             LambdaMode::MlpSoftplus | LambdaMode::MlpSoftmax => {
                 let mlp = self.mlp.as_ref().expect("MLP λ has an MLP");

@@ -344,11 +344,11 @@ impl LogLinearMamba2 {
 
         // 4–6. Δ = softplus(dt + dt_bias), g = A·Δ, v = Δ·x.
         let delta = softplus(
-            to_dtype(dt_raw, acc) + param(self.dt_bias.val()).unsqueeze(),
+            super::init::add_bias(to_dtype(dt_raw, acc), param(self.dt_bias.val())),
             1.0,
         ); // [B, T, H]
         let a = param(self.a_log.val()).exp().neg(); // [H]
-        let log_decay = delta.clone() * a.unsqueeze();
+        let log_decay = super::init::scale_by(delta.clone(), a);
         let values = xs.clone() * to_dtype(delta, dtype).unsqueeze_dim(3);
 
         // 7. λ, 8. the core op.

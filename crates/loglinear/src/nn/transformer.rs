@@ -151,7 +151,7 @@ impl Affine {
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let dtype = x.dtype();
         let weight = to_dtype(self.linear.weight.val(), dtype);
-        crate::linalg::linear(x, weight) + to_dtype(self.bias.val(), dtype).unsqueeze()
+        super::init::add_bias(crate::linalg::linear(x, weight), self.bias.val())
     }
 }
 
