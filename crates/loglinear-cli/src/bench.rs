@@ -567,6 +567,99 @@ pub struct TrainBench {
     pub check: bool,
 }
 
+/// `bench train --device cuda:0,cuda:1`: for each mode, the data-parallel training step
+/// ([`crate::data_parallel::Replicas::step`]) on the first device alone with `batch` rows, then on
+/// all `devices` with `batch` rows each (the global batch grows with the devices, as in weak
+/// scaling); tokens/s and the scaling efficiency `tokens/s(N) / (N · tokens/s(1))`, and whether
+/// the replicas are still identical after the timed steps.
+pub fn bench_train_data_parallel(
+    cfg: &TrainBench,
+    devices: &[Device],
+    sync: crate::data_parallel::GradSync,
+) -> Result<String> {
+    use crate::data_parallel::{GradSync, Replicas};
+    use crate::model::Model;
+    use crate::tasks::Batch;
+    use rand::{Rng, SeedableRng};
+    let vocab = 50257;
+    let (seq_len, batch, n) = (cfg.seq_len, cfg.batch, devices.len());
+    let mut out = String::new();
+    emit(
+        &mut out,
+        &format!(
+            "\ndata-parallel training step (forward, loss, backward, gradients summed ({sync:?}), \
+             AdamW on every replica), D = {}, {} layers, T = {seq_len}, {batch} rows per device, \
+             precision {}, on {n} devices {devices:?}; median of {} steps after 2 warm-up \
+             steps\n\n| model | devices | global batch | ms/step | tokens/s | scaling efficiency |\n\
+             |---|---|---|---|---|---|\n",
+            cfg.d_model, cfg.layers, cfg.precision, cfg.runs
+        ),
+    );
+    for mode in &cfg.modes {
+        let run_cfg = lm_bench_config(
+            mode,
+            cfg.d_model,
+            cfg.layers,
+            seq_len,
+            batch,
+            &cfg.precision,
+            &cfg.form,
+        )?;
+        let form = run_cfg.model.form();
+        let mut single = f64::NAN;
+        for used in [1, n] {
+            let ad: Vec<Device> = devices[..used].iter().map(|d| d.clone().autodiff()).collect();
+            let model = Model::new(&run_cfg, &ad[0]);
+            let optim = crate::train::optimizer(&run_cfg.train);
+            let grad_sync = if used == 1 { GradSync::None } else { sync };
+            let mut replicas = Replicas::new(model, optim, ad, grad_sync);
+            let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+            let rows = used * batch;
+            let tokens: Vec<u32> = (0..rows * (seq_len + 1))
+                .map(|_| rng.random_range(0..vocab as u32))
+                .collect();
+            let row = |r: usize| &tokens[r * (seq_len + 1)..(r + 1) * (seq_len + 1)];
+            let rows_batch = Batch {
+                inputs: (0..rows).flat_map(|r| row(r)[..seq_len].to_vec()).collect(),
+                targets: (0..rows)
+                    .flat_map(|r| row(r)[1..].iter().map(|&t| i64::from(t)).collect::<Vec<_>>())
+                    .collect(),
+                batch: rows,
+                seq_len,
+            };
+            let mut failed = None;
+            let ms = time_ms(2, cfg.runs, &devices[0], || {
+                if let Err(e) = replicas.step(&rows_batch, 1e-4, None, form) {
+                    failed.get_or_insert(e);
+                }
+                for d in &devices[1..used] {
+                    d.sync().ok();
+                }
+            });
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            replicas.check_identical()?;
+            let tokens_per_s = (rows * seq_len) as f64 / (ms / 1e3);
+            if used == 1 {
+                single = tokens_per_s;
+            }
+            emit(
+                &mut out,
+                &format!(
+                    "| {mode} | {used} | {rows} | {ms:.1} | {tokens_per_s:.0} | {:.3} |\n",
+                    tokens_per_s / (used as f64 * single)
+                ),
+            );
+            if used == n {
+                break;
+            }
+        }
+    }
+    emit(&mut out, &format!("replicas identical after the timed steps: yes ({n} devices)\n"));
+    Ok(out)
+}
+
 /// The LM config text of `bench train` for `mode` (a λ mode or `transformer`).
 #[allow(clippy::too_many_arguments)]
 fn lm_bench_config(

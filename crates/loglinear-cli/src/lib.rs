@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod compare;
 pub mod config;
 pub mod data;
+pub mod data_parallel;
 pub mod demo;
 pub mod device;
 pub mod generate;

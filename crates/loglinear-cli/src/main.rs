@@ -219,7 +219,8 @@ enum BenchCommand {
         /// (run before timing on every device but the CPU).
         #[arg(long)]
         no_check: bool,
-        /// Device: cpu, cuda[:N] or wgpu.
+        /// Device: cpu, cuda[:N] or wgpu; several (cuda:0,cuda:1) time the data-parallel step on
+        /// one and on all of them (`batch` rows per device).
         #[arg(long, default_value = "cpu")]
         device: String,
     },
@@ -317,8 +318,10 @@ struct ConfigArgs {
     /// Override any key: --set train.lr=3e-4 --set model.lambda=mlp_softplus.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// Device: cpu, cuda[:N] or wgpu; `sweep` also takes several, comma-separated
-    /// (cuda:0,cuda:1), and spreads its runs over them.
+    /// Device: cpu, cuda[:N] or wgpu. Several, comma-separated (cuda:0,cuda:1): `sweep` spreads
+    /// its runs over them; `train` trains data-parallel, a replica per device, each taking its
+    /// share of every batch, gradients all-reduced by NCCL (CUDA; `cpu,cpu` sums them on the
+    /// host, for tests).
     #[arg(long, default_value = "cpu")]
     device: String,
 }
@@ -374,9 +377,14 @@ fn run_train(args: TrainArgs) -> Result<()> {
     let out = args
         .out
         .unwrap_or_else(|| PathBuf::from("runs").join(&config.name));
+    // Several devices (`--device cuda:0,cuda:1`): data-parallel, one replica per device.
+    let (mut devices, grad_sync) = loglinear_cli::device::training_devices(&args.common.device)?;
+    let device = devices.remove(0);
     let opts = RunOptions {
         out: out.clone(),
-        device: parse_device(&args.common.device)?,
+        device,
+        more_devices: devices,
+        grad_sync,
         resume: args.resume,
         overwrite: args.overwrite,
         progress: true,
@@ -688,8 +696,8 @@ fn run_bench(cmd: BenchCommand) -> Result<()> {
             profile,
             no_check,
             device,
-        } => bench::bench_train(
-            &bench::TrainBench {
+        } => {
+            let cfg = bench::TrainBench {
                 d_model,
                 layers,
                 seq_len,
@@ -700,9 +708,15 @@ fn run_bench(cmd: BenchCommand) -> Result<()> {
                 form,
                 profile_steps: profile,
                 check: !no_check,
-            },
-            &parse_device(&device)?,
-        )?,
+            };
+            if device.contains(',') {
+                // Several devices: the data-parallel step on one and on all of them.
+                let (devices, sync) = loglinear_cli::device::training_devices(&device)?;
+                bench::bench_train_data_parallel(&cfg, &devices, sync)?
+            } else {
+                bench::bench_train(&cfg, &parse_device(&device)?)?
+            }
+        }
     };
     Ok(())
 }

@@ -100,6 +100,29 @@ pub fn masked_mean_cross_entropy(
     logits: impl Into<PaddedLogits>,
     targets: Tensor<2, Int>,
 ) -> Tensor<1> {
+    let (nll, weight) = scored_nll(logits, targets);
+    nll.sum() / weight.sum().clamp_min(1.0)
+}
+
+/// The sum of the cross-entropy over the positions whose target is not [`IGNORE`] (a
+/// data-parallel replica's share of the global loss is this over the global batch's scored
+/// positions: [`crate::data_parallel`]).
+///
+/// # Shapes
+/// `logits: [B, T, V]` (or padded, [`PaddedLogits`]), `targets: [B, T]` → scalar `[1]`.
+pub fn masked_sum_cross_entropy(
+    logits: impl Into<PaddedLogits>,
+    targets: Tensor<2, Int>,
+) -> Tensor<1> {
+    scored_nll(logits, targets).0.sum()
+}
+
+/// `(−log p(target) · scored, scored)` per position, `scored` 1 where the target is not
+/// [`IGNORE`], 0 elsewhere.
+///
+/// # Shapes
+/// `logits: [B, T, V]` (or padded), `targets: [B, T]` → `([B, T], [B, T])`.
+fn scored_nll(logits: impl Into<PaddedLogits>, targets: Tensor<2, Int>) -> (Tensor<2>, Tensor<2>) {
     let scored = targets.clone().not_equal_elem(IGNORE); // [B, T]
     let safe = targets.mask_fill(scored.clone().bool_not(), 0);
     // −log p(target) per position (f32): fused kernels on GPUs, which read the (padded) logits
@@ -107,6 +130,5 @@ pub fn masked_mean_cross_entropy(
     // them), tensor ops on the CPU.
     let nll = cross_entropy_padded_tokens(&logits.into(), safe); // [B, T]
     let weight = scored.float().cast(nll.dtype());
-    let count = weight.clone().sum().clamp_min(1.0);
-    (nll * weight).sum() / count
+    (nll * weight.clone(), weight)
 }

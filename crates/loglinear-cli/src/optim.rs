@@ -341,6 +341,28 @@ impl Adam {
         out
     }
 
+    /// A copy of this optimiser with its state on `device` (a data-parallel replica's).
+    pub fn fork(&self, device: &Device) -> Adam {
+        let moments = self
+            .moments
+            .iter()
+            .map(|(path, mv)| {
+                let moved = Moments {
+                    m: mv.m.clone().to_device(device),
+                    v: mv.v.clone().to_device(device),
+                };
+                (path.clone(), moved)
+            })
+            .collect();
+        Adam {
+            hyper: self.hyper.clone(),
+            replica_axis: self.replica_axis,
+            time: self.time.clone(),
+            moments,
+            shapes: self.shapes.clone(),
+        }
+    }
+
     /// Sets the state of every replica: `states[r]` as written by [`Adam::replica_state`] (its
     /// step count set with [`Adam::set_time`]), or `None` for a replica starting afresh.
     pub fn load_state(&mut self, states: &[Option<HashMap<String, TensorData>>], device: &Device) {

@@ -30,7 +30,7 @@ use crate::optim::{Adam, Hyper, ReplicaStep};
 use crate::tasks::{Example, IGNORE, batch, masked_accuracy};
 use crate::train::{
     Accumulator, EvalMetrics, RunData, RunSummary, fmt_acc, log_metrics, lr_at, progress_bar,
-    sample_batch, summarise, truncate_metrics,
+    summarise, truncate_metrics,
 };
 
 /// One run of a pack: its resolved config and its folder.
@@ -572,20 +572,17 @@ fn save_replica_checkpoint(
     )
 }
 
-/// Inputs and targets of training step `step` on the host, as `RunData::train_batch` draws them.
+/// Inputs and targets of training step `step` on the host ([`RunData::train_batch`]).
 fn host_train_batch(
     data: &RunData,
     cfg: &ExperimentConfig,
     step: usize,
 ) -> Result<(Vec<i64>, Vec<i64>)> {
-    match data {
-        RunData::Pools { train, .. } => {
-            let indices = sample_batch(cfg.seed, step, train.len(), cfg.train.batch_size);
-            let b = batch(train, &indices);
-            Ok((b.inputs.iter().map(|&x| x as i64).collect(), b.targets))
-        }
-        RunData::Lm(_) => bail!("language-model runs train alone, not in packs"),
+    if let RunData::Lm(_) = data {
+        bail!("language-model runs train alone, not in packs");
     }
+    let b = data.train_batch(cfg, step)?;
+    Ok((b.inputs.iter().map(|&x| i64::from(x)).collect(), b.targets))
 }
 
 /// Each replica's mean cross-entropy over its scored positions (`scored[r]` of them): replica

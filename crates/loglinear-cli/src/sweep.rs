@@ -134,6 +134,8 @@ pub fn run_sweep(file: &ConfigFile, out: &Path, opts: &SweepOptions) -> Result<V
                 let run = RunOptions {
                     out: dir,
                     device: device.clone(),
+                    more_devices: Vec::new(),
+                    grad_sync: crate::data_parallel::GradSync::None,
                     resume: true,
                     overwrite: false,
                     progress: opts.progress,

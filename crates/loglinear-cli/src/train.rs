@@ -19,19 +19,26 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::checkpoint::{self, TrainState};
+use crate::data_parallel::{GradSync, Replicas};
 use crate::config::{ExperimentConfig, Schedule, TrainConfig};
 use crate::data::LmData;
-use crate::model::{Model, masked_cross_entropy, masked_mean_cross_entropy};
+use crate::model::{Model, masked_cross_entropy};
 use crate::optim::Adam;
-use crate::tasks::{Example, TaskConfig, batch, masked_accuracy};
+use crate::tasks::{Batch, Example, TaskConfig, batch, masked_accuracy};
 
 /// How a run is executed (not part of the experiment itself).
 #[derive(Clone, Debug)]
 pub struct RunOptions {
     /// Run directory (config, metrics, checkpoints).
     pub out: PathBuf,
-    /// Device to train on.
+    /// Device to train on (with [`RunOptions::more_devices`]: the first replica's, which also
+    /// evaluates; checkpoints are the first replica's).
     pub device: Device,
+    /// Further devices of a data-parallel run (`--device cuda:0,cuda:1`): each holds a replica
+    /// of the model and takes its share of every batch ([`crate::data_parallel`]).
+    pub more_devices: Vec<Device>,
+    /// How the replicas' gradients are summed ([`GradSync::None`] for one device).
+    pub grad_sync: GradSync,
     /// Continue from the latest checkpoint in `out` if there is one.
     pub resume: bool,
     /// Replace the run in `out` (see [`crate::run_dir`]); without it or `resume`, a folder
@@ -146,23 +153,23 @@ impl RunData {
         })
     }
 
-    /// Inputs and targets `[B, T]` of training step `step` (a function of seed and step only).
-    pub fn train_batch(
-        &self,
-        cfg: &ExperimentConfig,
-        step: usize,
-        device: &Device,
-    ) -> Result<(Tensor<2, Int>, Tensor<2, Int>)> {
+    /// The rows of training step `step` on the host (a function of seed and step only).
+    pub fn train_batch(&self, cfg: &ExperimentConfig, step: usize) -> Result<Batch> {
         let b = cfg.train.batch_size;
         match self {
             RunData::Pools { train, .. } => {
                 let indices = sample_batch(cfg.seed, step, train.len(), b);
-                Ok(batch_tensors(train, &indices, device))
+                Ok(batch(train, &indices))
             }
             RunData::Lm(data) => {
                 let t = cfg.task.seq_len();
-                let (x, y) = data.sample_train_batch(cfg.seed, step as u64, b, t)?;
-                Ok(rows_to_tensors(x, y, b, t, device))
+                let (inputs, targets) = data.sample_train_batch(cfg.seed, step as u64, b, t)?;
+                Ok(Batch {
+                    inputs,
+                    targets,
+                    batch: b,
+                    seq_len: t,
+                })
             }
         }
     }
@@ -347,9 +354,8 @@ pub fn evaluate(
     acc.finish()
 }
 
-/// Scales every gradient by `min(1, max_norm / ‖g‖)` with `‖g‖` the norm over all parameters;
-/// returns `‖g‖`.
-pub fn clip_global_norm(model: &Model, grads: &mut GradientsParams, max_norm: Option<f64>) -> f64 {
+/// The float parameters of `model` with their rank, in visiting order.
+pub(crate) fn param_ids(model: &Model) -> Vec<(ParamId, usize)> {
     struct Ids(Vec<(ParamId, usize)>);
     impl ModuleVisitor for Ids {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
@@ -358,13 +364,17 @@ pub fn clip_global_norm(model: &Model, grads: &mut GradientsParams, max_norm: Op
     }
     let mut ids = Ids(Vec::new());
     model.visit(&mut ids);
+    ids.0
+}
+
+/// `‖g‖`, the norm of the gradients `grads` of `model` over all its parameters (read back).
+pub fn global_grad_norm(model: &Model, grads: &GradientsParams) -> f64 {
     fn sq<const D: usize>(g: &GradientsParams, id: ParamId) -> Option<Tensor<1>> {
         g.get::<D>(id).map(|t| t.square().sum())
     }
-    let squares: Vec<Tensor<1>> = ids
-        .0
-        .iter()
-        .filter_map(|&(id, rank)| match rank {
+    let squares: Vec<Tensor<1>> = param_ids(model)
+        .into_iter()
+        .filter_map(|(id, rank)| match rank {
             1 => sq::<1>(grads, id),
             2 => sq::<2>(grads, id),
             3 => sq::<3>(grads, id),
@@ -375,26 +385,36 @@ pub fn clip_global_norm(model: &Model, grads: &mut GradientsParams, max_norm: Op
     if squares.is_empty() {
         return 0.0;
     }
-    let norm = Tensor::cat(squares, 0).sum().into_scalar::<f64>().sqrt();
+    Tensor::cat(squares, 0).sum().into_scalar::<f64>().sqrt()
+}
+
+/// Multiplies every gradient of `model` in `grads` by `factor`.
+pub fn scale_grads(model: &Model, grads: &mut GradientsParams, factor: f64) {
+    fn rescale<const D: usize>(g: &mut GradientsParams, id: ParamId, s: f64) {
+        if let Some(t) = g.remove::<D>(id) {
+            g.register(id, t * s);
+        }
+    }
+    for (id, rank) in param_ids(model) {
+        match rank {
+            1 => rescale::<1>(grads, id, factor),
+            2 => rescale::<2>(grads, id, factor),
+            3 => rescale::<3>(grads, id, factor),
+            4 => rescale::<4>(grads, id, factor),
+            _ => {}
+        }
+    }
+}
+
+/// Scales every gradient by `min(1, max_norm / ‖g‖)` with `‖g‖` the norm over all parameters
+/// (torch's `clip_grad_norm_`); returns `‖g‖`.
+pub fn clip_global_norm(model: &Model, grads: &mut GradientsParams, max_norm: Option<f64>) -> f64 {
+    let norm = global_grad_norm(model, grads);
     if let Some(max) = max_norm
         && norm > max
         && norm.is_finite()
     {
-        let scale = max / (norm + 1e-6);
-        fn rescale<const D: usize>(g: &mut GradientsParams, id: ParamId, s: f64) {
-            if let Some(t) = g.remove::<D>(id) {
-                g.register(id, t * s);
-            }
-        }
-        for &(id, rank) in &ids.0 {
-            match rank {
-                1 => rescale::<1>(grads, id, scale),
-                2 => rescale::<2>(grads, id, scale),
-                3 => rescale::<3>(grads, id, scale),
-                4 => rescale::<4>(grads, id, scale),
-                _ => {}
-            }
-        }
+        scale_grads(model, grads, max / (norm + 1e-6));
     }
     norm
 }
@@ -434,6 +454,14 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
     let started = Instant::now();
     let cfg = &cfg.resolved()?;
     let out = &opts.out;
+    let replica_count = 1 + opts.more_devices.len();
+    if cfg.train.batch_size < replica_count {
+        bail!(
+            "train.batch_size = {} cannot be split over {replica_count} devices: a data-parallel \
+             run needs at least one row per device",
+            cfg.train.batch_size
+        );
+    }
     // The data first, so that a run which cannot start leaves no folder behind; then the run
     // folder: new, resumed or replaced, never mixed with another run (run_dir).
     let data = RunData::load(cfg)?;
@@ -456,6 +484,12 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
     } else if metrics.exists() {
         fs::remove_file(&metrics)?;
     }
+    // One replica per device (one device: the model itself), each a fork of the loaded model.
+    let devices = std::iter::once(&opts.device)
+        .chain(&opts.more_devices)
+        .map(|d| d.clone().autodiff())
+        .collect();
+    let mut replicas = Replicas::new(model, optim, devices, opts.grad_sync);
 
     let bar = progress_bar(opts.progress, t.steps, state.step, &cfg.name);
     let form = cfg.model.form();
@@ -469,7 +503,7 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
             bar.abandon();
             let latest = checkpoint::latest_checkpoint_step(out)?;
             if latest != Some(state.step) && state.step > 0 {
-                checkpoint::save_checkpoint(out, &model, &optim.replica_state(0), &state)?;
+                replicas.save_checkpoint(out, &state)?;
             }
             bail!(
                 "stopped by a signal at step {}, with a checkpoint of that step in {}: \
@@ -490,13 +524,11 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
         }
         let step = state.step;
         let lr = lr_at(t, step);
-        let (inputs, targets) = data.train_batch(cfg, step, &device)?;
-        let logits = model.forward(inputs, form, false).logits;
-        let loss = masked_mean_cross_entropy(logits, targets);
-        // The backward is queued before the loss is read: a read first would leave the GPU
-        // idle while the host queues it. Nothing is updated before the check below.
-        let mut grads = GradientsParams::from_grads(loss.clone().backward(), &model);
-        let loss_value = loss.into_scalar::<f64>();
+        let rows = data.train_batch(cfg, step)?;
+        // Forward, backward, gradients summed over the replicas, clipped, one optimiser step
+        // (none when the loss is not finite: the run stops below).
+        let report = replicas.step(&rows, lr, t.grad_clip, form)?;
+        let (loss_value, grad_norm) = (report.loss, report.grad_norm);
         if !loss_value.is_finite() {
             bar.abandon();
             bail!(
@@ -506,10 +538,11 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
                 checkpoint::checkpoint_root(out).display()
             );
         }
-        let grad_norm = clip_global_norm(&model, &mut grads, t.grad_clip);
-        model = optim.step(lr, model, grads);
         state.step += 1;
         window_steps += 1;
+        if state.step == first_step + 1 {
+            replicas.check_identical()?;
+        }
 
         if state.step % t.log_every == 0 || state.step == t.steps {
             let secs = window.elapsed().as_secs_f64().max(1e-9);
@@ -528,7 +561,7 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
         }
 
         if state.step % cfg.eval.every == 0 || state.step == t.steps {
-            let valid = model.valid();
+            let valid = replicas.primary().valid();
             let (e, test) = data.evaluate(&valid, cfg, &opts.device)?;
             last = (e.acc, e.loss);
             let mut line = json!({"step": state.step, "eval_acc": e.acc, "eval_loss": e.loss});
@@ -553,7 +586,7 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
                 state.best_loss = Some(e.loss);
                 state.best_test_acc = test.map(|x| x.acc);
                 state.best_batch_mean_loss = Some(e.batch_mean_loss);
-                checkpoint::save_best(out, &model, &state)?;
+                checkpoint::save_best(out, replicas.primary(), &state)?;
             }
             if cfg.eval.early_stop_acc.is_some_and(|thr| e.acc >= thr) && !lm {
                 state.stopped_early = true;
@@ -570,7 +603,8 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
             bar.set_message(format!("loss {loss_value:.4} {shown}"));
         }
         if state.step % t.checkpoint_every == 0 || state.step == t.steps || state.stopped_early {
-            checkpoint::save_checkpoint(out, &model, &optim.replica_state(0), &state)?;
+            replicas.check_identical()?;
+            replicas.save_checkpoint(out, &state)?;
         }
         bar.set_position(state.step as u64);
     }
