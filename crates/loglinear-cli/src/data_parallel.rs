@@ -252,6 +252,9 @@ impl Replicas {
     /// steps from the same start, so any difference is a bug or a device that computes
     /// differently; training on would average models that are not one).
     pub fn check_identical(&self) -> Result<()> {
+        if self.len() == 1 {
+            return Ok(());
+        }
         let primary = weights(&self.models[0]);
         for (i, model) in self.models.iter().enumerate().skip(1) {
             for ((path, want), (_, got)) in primary.iter().zip(weights(model)) {
