@@ -243,9 +243,10 @@ impl CausalSelfAttention {
     }
 
     /// `softmax(q kᵀ / √head_dim + causal mask) v` with query `i` at position `past + i` seeing
-    /// keys `0 ..= past + i`. Where the device's tensor cores take the inputs (bf16, a head
-    /// width of 16, 32, 64 or 128) it is the fused FlashAttention kernels
-    /// ([`crate::kernels::flash_attention`]: no score in device memory). Elsewhere on CubeCL
+    /// keys `0 ..= past + i`. Up to `ATTENTION_BLOCK` queries, where the device's tensor cores
+    /// take the inputs (bf16, a head width of 16, 32, 64 or 128), it is the fused
+    /// FlashAttention kernels ([`crate::kernels::flash_attention`]: no score in device memory;
+    /// beyond a block of queries they are slower than the blocks below). Elsewhere on CubeCL
     /// devices the two products run on [`crate::linalg::matmul`] (cuBLAS on CUDA) and the softmax
     /// is one kernel each way ([`crate::kernels::attention`]; Burn's attention under autodiff is a
     /// dozen separate ops over the `[B, H, T, T]` scores); beyond `ATTENTION_BLOCK` queries the
@@ -262,7 +263,13 @@ impl CausalSelfAttention {
             use crate::linalg::matmul;
             let [hd, s] = [q.dims()[3], keys.dims()[2]];
             let scale = (hd as f32).powf(-0.5);
-            if crate::kernels::flash_attention_on_tensor_cores(&q)
+            // Measured on the H200 (bench/RESULTS.md, session 14): the flash kernels tie the
+            // scores path at T = 512 × 64 (10.0 against ≈ 8.4 ms of products and softmax, the
+            // step 40.4 ms) but lose beyond a block of queries (T = 8192 × 4: 124.7 ms of flash
+            // kernels against ≈ 83 ms blockwise; 32,768: 479 against ≈ 365), so they take the
+            // short sequences only.
+            if t <= ATTENTION_BLOCK
+                && crate::kernels::flash_attention_on_tensor_cores(&q)
                 && let Some(o) =
                     crate::kernels::causal_flash_attention(&q, &keys, &values, scale, past, 0)
             {
