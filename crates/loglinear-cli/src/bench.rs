@@ -608,7 +608,10 @@ pub fn bench_train_data_parallel(
         let form = run_cfg.model.form();
         let mut single = f64::NAN;
         for used in [1, n] {
-            let ad: Vec<Device> = devices[..used].iter().map(|d| d.clone().autodiff()).collect();
+            let ad: Vec<Device> = devices[..used]
+                .iter()
+                .map(|d| d.clone().autodiff())
+                .collect();
             let model = Model::new(&run_cfg, &ad[0]);
             let optim = crate::train::optimizer(&run_cfg.train);
             let grad_sync = if used == 1 { GradSync::None } else { sync };
@@ -622,7 +625,12 @@ pub fn bench_train_data_parallel(
             let rows_batch = Batch {
                 inputs: (0..rows).flat_map(|r| row(r)[..seq_len].to_vec()).collect(),
                 targets: (0..rows)
-                    .flat_map(|r| row(r)[1..].iter().map(|&t| i64::from(t)).collect::<Vec<_>>())
+                    .flat_map(|r| {
+                        row(r)[1..]
+                            .iter()
+                            .map(|&t| i64::from(t))
+                            .collect::<Vec<_>>()
+                    })
                     .collect(),
                 batch: rows,
                 seq_len,
@@ -656,7 +664,10 @@ pub fn bench_train_data_parallel(
             }
         }
     }
-    emit(&mut out, &format!("replicas identical after the timed steps: yes ({n} devices)\n"));
+    emit(
+        &mut out,
+        &format!("replicas identical after the timed steps: yes ({n} devices)\n"),
+    );
     Ok(out)
 }
 

@@ -148,7 +148,12 @@ impl Replicas {
     /// Writes a resumable checkpoint of the run (the primary replica's weights and optimiser
     /// state: a run resumes from it on any number of devices).
     pub fn save_checkpoint(&self, run_dir: &std::path::Path, state: &TrainState) -> Result<()> {
-        checkpoint::save_checkpoint(run_dir, &self.models[0], &self.optims[0].replica_state(0), state)
+        checkpoint::save_checkpoint(
+            run_dir,
+            &self.models[0],
+            &self.optims[0].replica_state(0),
+            state,
+        )
     }
 
     /// The rows of `batch` that replica `i` of `n` takes: as even as the batch allows, the
@@ -163,7 +168,13 @@ impl Replicas {
     /// gradients summed, clipped to `grad_clip` by their global norm, and one optimiser step
     /// with learning rate `lr` on every replica. Errors if the batch has fewer rows than there
     /// are replicas.
-    pub fn step(&mut self, batch: &Batch, lr: f64, grad_clip: Option<f64>, form: loglinear::Form) -> Result<StepReport> {
+    pub fn step(
+        &mut self,
+        batch: &Batch,
+        lr: f64,
+        grad_clip: Option<f64>,
+        form: loglinear::Form,
+    ) -> Result<StepReport> {
         let n = self.len();
         if batch.batch < n {
             bail!(
@@ -220,10 +231,18 @@ impl Replicas {
         form: loglinear::Form,
     ) -> (Vec<Tensor<1>>, Vec<GradientsParams>) {
         let n = self.len();
-        let scored = batch.targets.iter().filter(|&&t| t != IGNORE).count().max(1);
+        let scored = batch
+            .targets
+            .iter()
+            .filter(|&&t| t != IGNORE)
+            .count()
+            .max(1);
         if self.sync == GradSync::Collective {
             let models = std::mem::take(&mut self.models);
-            self.models = models.into_iter().map(|m| m.map(&mut MarkDistributed)).collect();
+            self.models = models
+                .into_iter()
+                .map(|m| m.map(&mut MarkDistributed))
+                .collect();
         }
         std::thread::scope(|s| {
             let handles: Vec<_> = self
@@ -276,7 +295,10 @@ impl Replicas {
 fn rows_on(batch: &Batch, rows: Range<usize>, device: &Device) -> (Tensor<2, Int>, Tensor<2, Int>) {
     let t = batch.seq_len;
     let span = rows.start * t..rows.end * t;
-    let inputs: Vec<i64> = batch.inputs[span.clone()].iter().map(|&x| i64::from(x)).collect();
+    let inputs: Vec<i64> = batch.inputs[span.clone()]
+        .iter()
+        .map(|&x| i64::from(x))
+        .collect();
     let targets = batch.targets[span].to_vec();
     let shape = vec![rows.len(), t];
     (
@@ -393,9 +415,17 @@ mod tests {
     #[test]
     fn devices_of_mixed_kinds_are_refused() {
         let names = |s: &str| s.split(',').map(str::to_string).collect::<Vec<_>>();
-        assert_eq!(GradSync::for_devices(&names("cpu")).unwrap(), GradSync::None);
-        assert_eq!(GradSync::for_devices(&names("cpu,cpu")).unwrap(), GradSync::Host);
-        let err = GradSync::for_devices(&names("cpu,cuda:0")).unwrap_err().to_string();
+        assert_eq!(
+            GradSync::for_devices(&names("cpu")).unwrap(),
+            GradSync::None
+        );
+        assert_eq!(
+            GradSync::for_devices(&names("cpu,cpu")).unwrap(),
+            GradSync::Host
+        );
+        let err = GradSync::for_devices(&names("cpu,cuda:0"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("devices of one kind"), "{err}");
     }
 }

@@ -66,7 +66,13 @@ pub fn device_list(names: &str) -> Result<Vec<String>> {
         // how a sweep over "cpu,cpu" runs two at a time.
         // `cuda` is `cuda:0`.
         let same = |other: &String| {
-            let index = |n: &str| if n == "cuda" { "cuda:0".to_string() } else { n.to_string() };
+            let index = |n: &str| {
+                if n == "cuda" {
+                    "cuda:0".to_string()
+                } else {
+                    n.to_string()
+                }
+            };
             index(other) == index(name)
         };
         if name != "cpu" && list[..i].iter().any(same) {
@@ -85,7 +91,10 @@ pub fn device_list(names: &str) -> Result<Vec<String>> {
 pub fn training_devices(names: &str) -> Result<(Vec<Device>, GradSync)> {
     let list = device_list(names)?;
     let sync = GradSync::for_devices(&list)?;
-    let devices = list.iter().map(|n| parse_device(n)).collect::<Result<_>>()?;
+    let devices = list
+        .iter()
+        .map(|n| parse_device(n))
+        .collect::<Result<_>>()?;
     Ok((devices, sync))
 }
 
@@ -116,7 +125,9 @@ pub fn require_nccl() -> Result<()> {
 /// Without CUDA there are no NCCL collectives.
 #[cfg(not(feature = "cuda"))]
 pub fn require_nccl() -> Result<()> {
-    bail!("NCCL collectives need a build with CUDA support (`--features cuda`, scripts/build-gpu.sh)")
+    bail!(
+        "NCCL collectives need a build with CUDA support (`--features cuda`, scripts/build-gpu.sh)"
+    )
 }
 
 #[cfg(test)]
@@ -139,7 +150,11 @@ mod tests {
             err("cuda:1,cuda:1")
         );
         assert!(err("cpu,tpu").contains("unknown device \"tpu\""));
-        assert!(err("cuda,cuda:0").contains("twice"), "{}", err("cuda,cuda:0"));
+        assert!(
+            err("cuda,cuda:0").contains("twice"),
+            "{}",
+            err("cuda,cuda:0")
+        );
         // One-device commands refuse a list with the reason.
         let one = parse_device("cpu,cpu").unwrap_err().to_string();
         assert!(one.contains("only `sweep`"), "{one}");

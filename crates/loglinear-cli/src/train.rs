@@ -19,9 +19,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::checkpoint::{self, TrainState};
-use crate::data_parallel::{GradSync, Replicas};
 use crate::config::{ExperimentConfig, Schedule, TrainConfig};
 use crate::data::LmData;
+use crate::data_parallel::{GradSync, Replicas};
 use crate::model::{Model, masked_cross_entropy};
 use crate::optim::Adam;
 use crate::tasks::{Batch, Example, TaskConfig, batch, masked_accuracy};

@@ -1,5 +1,6 @@
 //! `loglinear bench op` on the CPU: correctness first, then one row per form and length; the
-//! fused form is the chunked fallback here and says so.
+//! fused form is the chunked fallback here and says so. `bench train` over two CPU devices: the
+//! data-parallel step's rows.
 
 use burn::prelude::*;
 use burn::tensor::DType;
@@ -97,4 +98,34 @@ fn bench_gemm_compares_and_times_each_product() {
             .unwrap_or_else(|| panic!("missing {row:?} in\n{report}"));
         assert!(line.ends_with("| 0.0e0 |"), "the two paths differ: {line}");
     }
+}
+
+/// `bench train` over two CPU devices: the data-parallel step on one device, then on both with
+/// twice the global batch, one row each, and the replicas checked identical after timing.
+#[test]
+fn bench_train_times_the_data_parallel_step_on_one_and_on_all_devices() {
+    use loglinear_cli::bench::{TrainBench, bench_train_data_parallel};
+    use loglinear_cli::data_parallel::GradSync;
+    let cfg = TrainBench {
+        d_model: 64,
+        layers: 1,
+        seq_len: 8,
+        batch: 1,
+        modes: vec!["linear".into()],
+        runs: 1,
+        precision: "full".into(),
+        form: "chunked".into(),
+        profile_steps: 0,
+        check: false,
+    };
+    let devices = [Device::flex(), Device::flex()];
+    let report = bench_train_data_parallel(&cfg, &devices, GradSync::Host).unwrap();
+    for row in ["| linear | 1 | 1 |", "| linear | 2 | 2 |"] {
+        assert!(report.contains(row), "missing {row:?} in\n{report}");
+    }
+    assert!(report.contains("| 1.000 |"), "{report}");
+    assert!(
+        report.contains("replicas identical after the timed steps: yes (2 devices)"),
+        "{report}"
+    );
 }

@@ -66,27 +66,48 @@ fn train(config: &Path, out: &Path, device: &str, extra: &[&str]) -> String {
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     if extra.contains(&"--stop-after") {
-        assert!(!output.status.success(), "--stop-after should stop the run: {stderr}");
+        assert!(
+            !output.status.success(),
+            "--stop-after should stop the run: {stderr}"
+        );
     } else {
-        assert!(output.status.success(), "train --device {device} failed: {stderr}");
+        assert!(
+            output.status.success(),
+            "train --device {device} failed: {stderr}"
+        );
     }
     stderr
 }
 
+/// A step and two of its figures.
+type Row = (u64, f64, f64);
+
 /// `(step, loss, grad_norm)` of every logged training step, and `(step, eval_loss, eval_acc)` of
 /// every evaluation.
-fn figures(run: &Path) -> (Vec<(u64, f64, f64)>, Vec<(u64, f64, f64)>) {
+fn figures(run: &Path) -> (Vec<Row>, Vec<Row>) {
     let lines = read_metrics(&run.join("metrics.jsonl")).unwrap();
     let step = |m: &serde_json::Value| m["step"].as_u64().unwrap();
     let train = lines
         .iter()
         .filter(|m| m.get("loss").is_some())
-        .map(|m| (step(m), m["loss"].as_f64().unwrap(), m["grad_norm"].as_f64().unwrap()))
+        .map(|m| {
+            (
+                step(m),
+                m["loss"].as_f64().unwrap(),
+                m["grad_norm"].as_f64().unwrap(),
+            )
+        })
         .collect();
     let evals = lines
         .iter()
         .filter(|m| m.get("eval_loss").is_some())
-        .map(|m| (step(m), m["eval_loss"].as_f64().unwrap(), m["eval_acc"].as_f64().unwrap()))
+        .map(|m| {
+            (
+                step(m),
+                m["eval_loss"].as_f64().unwrap(),
+                m["eval_acc"].as_f64().unwrap(),
+            )
+        })
         .collect();
     (train, evals)
 }
@@ -110,7 +131,10 @@ fn assert_same_run(want: &Path, got: &Path, what: &str) {
         );
     }
     // Clipping was active: the test would not see a wrong clipping factor otherwise.
-    assert!(want_train.iter().any(|t| t.2 > 0.5), "no step was clipped: {want_train:?}");
+    assert!(
+        want_train.iter().any(|t| t.2 > 0.5),
+        "no step was clipped: {want_train:?}"
+    );
     assert_eq!(got_eval.len(), want_eval.len(), "{what}: evaluations");
     for (w, g) in want_eval.iter().zip(&got_eval) {
         assert!(
@@ -166,8 +190,15 @@ fn bad_device_lists_are_refused_before_anything_is_written() {
             .args(extra)
             .output()
             .unwrap();
-        assert!(!output.status.success(), "--device {device} should be refused");
-        assert!(!out.exists(), "--device {device}: the refused run left {}", out.display());
+        assert!(
+            !output.status.success(),
+            "--device {device} should be refused"
+        );
+        assert!(
+            !out.exists(),
+            "--device {device}: the refused run left {}",
+            out.display()
+        );
         String::from_utf8_lossy(&output.stderr).into_owned()
     };
     let err = refuse("cpu,cuda:0", &[]);
