@@ -4,6 +4,7 @@
 #   | train-long | train-32k | decode
 #   | mqar-timing | train-cold:LEVEL | train-modes:LEVEL:T:B | train-step:T:B | pack-alone | pack-grid:STEPS | grid:T[:STEPS]
 #   | sweep:CONFIG:JOBS[:SET,SET...] | resume:CONFIG | lm-viz:NAME | none | lm-eval:NAME | op-gdn | gemm | cache-save | cold-compile | pack-profile
+#   | dp-check:CONFIG:STEPS | dp-bench:T:B   (two GPUs: nvidia-h200-x2)
 # bin-gpu/loglinear.xz is built by scripts/build-gpu.sh and carried over; results go to $OUT.
 set -uo pipefail
 export CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
@@ -379,6 +380,42 @@ lm-viz:*)
     find "/tmp/viz-$name" -name '*.svg' -delete
     (cd /tmp && tar czf "$out/viz-$name.tgz" "viz-$name")
     ls -la "$out/viz-$name.tgz"
+    ;;
+dp-check:*)
+    # Data-parallel training (issue 18) against one device: CONFIG for STEPS steps on cuda:0,
+    # then on cuda:0,cuda:1 with the same global batch and seed; the loss and gradient norm of
+    # every step compared (bf16 tolerance 2e-2); the two-device run itself checks its replicas'
+    # weights bit for bit after its first step and at its checkpoints. LM configs need the
+    # prepared corpus carried (data/sotu/prepared).
+    IFS=: read -r _ config steps <<< "$s"
+    step "data-parallel check: $config, $steps steps, cuda:0 against cuda:0,cuda:1"
+    source scripts/nccl-env.sh
+    for devs in cuda:0 cuda:0,cuda:1; do
+        timeout $(left 300) $bin train "$config" --device $devs --out "/tmp/dp-$devs" --overwrite \
+            --set train.steps=$steps --set train.log_every=1 --set train.checkpoint_every=$steps \
+            --set eval.every=$steps 2>&1 | tail -2
+    done
+    python3 - /tmp/dp-cuda:0/metrics.jsonl /tmp/dp-cuda:0,cuda:1/metrics.jsonl <<'PY' | tee "$out/dp_check.txt"
+import json, sys
+def rows(path):
+    return {m["step"]: m for m in map(json.loads, open(path)) if "loss" in m}
+one, two = rows(sys.argv[1]), rows(sys.argv[2])
+worst = max((abs(one[s][k] - two[s][k]) / max(abs(one[s][k]), 1e-6), s, k)
+            for s in one if s in two for k in ("loss", "grad_norm"))
+print(f"steps: {len(one)} on one device, {len(two)} on two; worst relative difference "
+      f"{worst[0]:.2e} ({worst[2]} at step {worst[1]}); tolerance 2e-2: "
+      f"{'PASS' if worst[0] <= 2e-2 and len(one) == len(two) else 'FAIL'}")
+PY
+    ;;
+dp-bench:*)
+    # The data-parallel step (issue 18) on cuda:0 alone and on cuda:0,cuda:1, T × B per device,
+    # for the λ modes in $MODES (default linear).
+    IFS=: read -r _ len batch <<< "$s"
+    step "data-parallel bench train T=$len, $batch rows per device, ${MODES:-linear}"
+    source scripts/nccl-env.sh
+    timeout $(left 300) $bin bench train --device cuda:0,cuda:1 --seq-len $len --batch $batch \
+        --modes ${MODES:-linear} --runs 10 2>&1 | grep -v "Fastest result" \
+        | tee "$out/dp_bench_${len}x${batch}.txt" | grep -E "^\| |identical|rror|panic"
     ;;
 *) echo "unknown step $s" ;;
 esac
