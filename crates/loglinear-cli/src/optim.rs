@@ -466,7 +466,7 @@ impl ModuleMapper for Mapper<'_> {
 
 /// The squared global gradient norm of each replica of a pack, `[replicas]` on the device (not
 /// read back: the caller reads it with the losses): `grads` of `model`, whose parameters carry a
-/// leading axis of `replicas` (the square of the norm `train::clip_global_norm` computes for
+/// leading axis of `replicas` (the square of the norm `train::global_grad_norm` computes for
 /// one run).
 pub fn replica_grad_squares<M: Module>(
     model: &M,

@@ -1,7 +1,8 @@
 //! The training loop: reads top to bottom (nanoGPT style).
 //!
 //! `lr_at` → `sample_batch` → forward → masked loss → backward → global-norm clip → optimiser
-//! step; every `eval.every` steps `evaluate` on the held-out pool (and at the test length),
+//! step (on every replica of a data-parallel run: [`crate::data_parallel::Replicas::step`]);
+//! every `eval.every` steps `evaluate` on the held-out pool (and at the test length),
 //! keep the best weights, stop early at the accuracy threshold; a resumable checkpoint every
 //! `train.checkpoint_every` steps; metrics appended to `metrics.jsonl`.
 
@@ -311,7 +312,8 @@ pub fn lr_at(cfg: &TrainConfig, step: usize) -> f64 {
 }
 
 /// The optimiser of a config: Adam or AdamW with the config's betas, eps and weight decay
-/// ([`crate::optim`]; clipping is done by [`clip_global_norm`], as torch's `clip_grad_norm_`,
+/// ([`crate::optim`]; the training step clips by the global norm of all gradients,
+/// [`global_grad_norm`], as torch's `clip_grad_norm_`,
 /// not per tensor).
 pub fn optimizer(cfg: &TrainConfig) -> Adam {
     Adam::single(cfg)
@@ -404,19 +406,6 @@ pub fn scale_grads(model: &Model, grads: &mut GradientsParams, factor: f64) {
             _ => {}
         }
     }
-}
-
-/// Scales every gradient by `min(1, max_norm / ‖g‖)` with `‖g‖` the norm over all parameters
-/// (torch's `clip_grad_norm_`); returns `‖g‖`.
-pub fn clip_global_norm(model: &Model, grads: &mut GradientsParams, max_norm: Option<f64>) -> f64 {
-    let norm = global_grad_norm(model, grads);
-    if let Some(max) = max_norm
-        && norm > max
-        && norm.is_finite()
-    {
-        scale_grads(model, grads, max / (norm + 1e-6));
-    }
-    norm
 }
 
 /// Appends one JSON line to `metrics.jsonl`.
