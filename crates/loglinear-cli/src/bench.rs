@@ -607,7 +607,8 @@ pub fn bench_train_data_parallel(
         )?;
         let form = run_cfg.model.form();
         let mut single = f64::NAN;
-        for used in [1, n] {
+        let counts = if n == 1 { vec![1] } else { vec![1, n] };
+        for used in counts {
             let ad: Vec<Device> = devices[..used]
                 .iter()
                 .map(|d| d.clone().autodiff())
@@ -659,9 +660,6 @@ pub fn bench_train_data_parallel(
                     tokens_per_s / (used as f64 * single)
                 ),
             );
-            if used == n {
-                break;
-            }
         }
     }
     emit(

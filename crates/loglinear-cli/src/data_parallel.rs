@@ -31,13 +31,12 @@ use anyhow::{Result, bail};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use burn::tensor::TensorData;
 
 use crate::checkpoint::{self, TrainState};
 use crate::model::{Model, masked_mean_cross_entropy, masked_sum_cross_entropy};
 use crate::optim::Adam;
 use crate::tasks::{Batch, IGNORE};
-use crate::train::{global_grad_norm, param_ids, scale_grads};
+use crate::train::{global_grad_norm, param_ids, rows_to_tensors, scale_grads};
 
 /// How the replicas' gradients are summed (module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -295,16 +294,11 @@ impl Replicas {
 fn rows_on(batch: &Batch, rows: Range<usize>, device: &Device) -> (Tensor<2, Int>, Tensor<2, Int>) {
     let t = batch.seq_len;
     let span = rows.start * t..rows.end * t;
-    let inputs: Vec<i64> = batch.inputs[span.clone()]
-        .iter()
-        .map(|&x| i64::from(x))
-        .collect();
-    let targets = batch.targets[span].to_vec();
-    let shape = vec![rows.len(), t];
-    (
-        Tensor::from_data(TensorData::new(inputs, shape.clone()), device),
-        Tensor::from_data(TensorData::new(targets, shape), device),
-    )
+    let (inputs, targets) = (
+        batch.inputs[span.clone()].to_vec(),
+        batch.targets[span].to_vec(),
+    );
+    rows_to_tensors(inputs, targets, rows.len(), t, device)
 }
 
 /// Marks every trainable parameter distributed, so that Burn all-reduces its gradient during

@@ -212,7 +212,7 @@ impl RunData {
 }
 
 /// `[B·T]` host rows to `[B, T]` tensors.
-fn rows_to_tensors(
+pub(crate) fn rows_to_tensors(
     x: Vec<u32>,
     y: Vec<i64>,
     b: usize,
