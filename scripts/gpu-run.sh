@@ -4,7 +4,8 @@
 #   | train-long | train-32k | decode
 #   | mqar-timing | train-cold:LEVEL | train-modes:LEVEL:T:B | train-step:T:B | pack-alone | pack-grid:STEPS | grid:T[:STEPS]
 #   | sweep:CONFIG:JOBS[:SET,SET...] | resume:CONFIG | lm-viz:NAME | none | lm-eval:NAME | op-gdn | gemm | cache-save | cold-compile | pack-profile
-#   | dp-check:CONFIG:STEPS | dp-bench:T:B   (two GPUs: nvidia-h200-x2)
+#   | dp-check:CONFIG:STEPS | dp-bench:T:B   (two GPUs: nvidia-h200-x2) | mps-probe | op-segments
+# MPS=1 runs every step under CUDA's Multi-Process Service (see mps_start).
 # bin-gpu/loglinear.xz is built by scripts/build-gpu.sh and carried over; results go to $OUT.
 set -uo pipefail
 export CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
@@ -25,6 +26,24 @@ fi
 bin=/tmp/loglinear
 [[ -x $bin ]] || { xz -dc bin-gpu/loglinear.xz > $bin && chmod +x $bin; }
 step() { echo; echo "=== $* ($(date +%T)) ==="; }
+# CUDA's Multi-Process Service: with its daemon running, the kernels of several processes share
+# the GPU at once instead of taking turns by time slice (without it, 15 small LM runs together
+# trained slower than one alone: session 11). `mps_start` is a no-op where the daemon is missing;
+# its pipe and log folders are under /tmp so that no root-owned default is needed. The daemon
+# leaves the GPU's settings alone and ends with this script (trap).
+mps_start() {
+    command -v nvidia-cuda-mps-control >/dev/null || { echo "MPS: nvidia-cuda-mps-control not found"; return 1; }
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+    mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+    nvidia-cuda-mps-control -d && sleep 1 && echo "MPS daemon started" && trap mps_stop EXIT
+}
+mps_stop() {
+    [[ -n ${CUDA_MPS_PIPE_DIRECTORY:-} ]] || return 0
+    echo quit | nvidia-cuda-mps-control 2>/dev/null; sleep 1
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    echo "MPS daemon stopped"
+}
+[[ ${MPS:-0} == 1 ]] && mps_start
 # A device call may run 10 minutes: every step's timeout is cut to what is left of
 # $BUDGET seconds (default 560) from the script's start.
 budget=${BUDGET:-560}
@@ -87,6 +106,16 @@ train-forms)
         step "bench train T=512 batch 64 (bf16, $f)"
         timeout 120 $bin bench train --device cuda --runs 5 --form $f --modes linear,mlp_softplus 2>&1 | tee "$out/bench_train_512_$f.txt"
     done
+    ;;
+op-segments)
+    # The fused op over aligned segments (Form::Segmented) against one launch over the whole
+    # sequence (segmented:131072 ≥ T) and the planned choice (fused), bf16, the anchors' H = 48,
+    # N = 128, P = 64 at B·T = 131,072: T = 8192 (B = 16), 32,768 (4), 131,072 (1).
+    step "bench op bf16 over segments: $(echo ${SEGMENTS:-1024 2048 4096 8192})"
+    forms=fused,segmented:131072
+    for sg in ${SEGMENTS:-1024 2048 4096 8192}; do forms+=,segmented:$sg; done
+    timeout $(left ${OP_TIMEOUT:-300}) $bin bench op --device cuda --dtype bf16 --runs 5 --forms $forms \
+        --t ${OP_LENGTHS:-8192,32768,131072} 2>&1 | grep -v "Fastest result" | tee "$out/bench_op_segments.txt"
     ;;
 op-long)
     step "bench op bf16, fused, T = 32768 (B = 4) and 131072 (B = 1), λ learned and ≡ 1"
@@ -416,6 +445,29 @@ dp-bench:*)
     timeout $(left 300) $bin bench train --device cuda:0,cuda:1 --seq-len $len --batch $batch \
         --modes ${MODES:-linear} --runs 10 2>&1 | grep -v "Fastest result" \
         | tee "$out/dp_bench_${len}x${batch}.txt" | grep -E "^\| |identical|rror|panic"
+    ;;
+mps-probe)
+    # Unpacked runs (language models) side by side: N processes of the D = 256 LM step (the
+    # lm_sotu_d256 recipe's shape: T = 512 × 8, λ linear) at once, first by time slice, then
+    # under MPS; each process's tokens/s and their sum against one process alone.
+    probe() {
+        local n=$1 tag=$2 i
+        for i in $(seq "$n"); do
+            timeout $(left 120) $bin bench train --device cuda --d-model 256 --layers 6 --seq-len 512 \
+                --batch 8 --runs ${PROBE_RUNS:-40} --no-check --modes linear > "/tmp/probe-$tag-$n-$i.txt" 2>&1 &
+        done
+        wait
+        local rates
+        rates=$(grep -h "^| log-linear" /tmp/probe-$tag-$n-*.txt | awk -F'|' '{gsub(/ /,"",$4); print $4}')
+        echo "$tag, $n processes: tokens/s each: $(echo $rates | tr '\n' ' '); total $(echo "$rates" | awk '{s+=$1} END {print s}')"
+        cat /tmp/probe-$tag-$n-*.txt >> "$out/mps_probe.txt"
+    }
+    step "unpacked LM runs side by side: time slices, then MPS"
+    for n in ${PROBE_COUNTS:-1 4}; do probe "$n" slices; done
+    if mps_start; then
+        for n in ${PROBE_COUNTS_MPS:-1 4 8 13}; do probe "$n" mps; done
+        mps_stop
+    fi
     ;;
 *) echo "unknown step $s" ;;
 esac

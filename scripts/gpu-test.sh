@@ -3,7 +3,8 @@
 # `scripts/build-gpu.sh --tests` and carried in bin-gpu/tests/: every fused kernel, the bf16
 # tensor-core path included (T = 1, 70, 200, 4096 and 32,768), against the f64 reference, all
 # gradients. Each test prints its random seed on failure; `LOGLINEAR_TEST_SEED=N` replays it.
-# Usage: scripts/gpu-test.sh [TEST-FILTER]      (output also in $OUT/gpu-test.txt)
+# Usage: scripts/gpu-test.sh [TEST-FILTER...]   (any test whose name holds one of them; output
+#                                                also in $OUT/gpu-test.txt)
 set -uo pipefail
 export CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
 export LD_LIBRARY_PATH=$CUDA_PATH/lib64:${LD_LIBRARY_PATH:-}
@@ -22,6 +23,6 @@ for packed in "${binaries[@]}"; do
     xz -dc "$packed" > "$exe" && chmod +x "$exe"
     echo "=== $name ($(date +%T)) ==="
     # One test at a time: they share the GPU, and a failure's output stays readable.
-    "$exe" --test-threads=1 ${1:+"$1"} 2>&1 | tee -a "$out/gpu-test.txt" || status=1
+    "$exe" --test-threads=1 "$@" 2>&1 | tee -a "$out/gpu-test.txt" || status=1
 done
 exit $status
