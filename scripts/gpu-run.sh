@@ -386,15 +386,16 @@ cache-save)
     ;;
 none) ;;  # only the set-up above: the binary unpacked, the kernel cache restored
 lm-viz:*)
-    # λ of the seed-0 run of every λ mode of a language-model sweep folder, and the λ statistics
-    # of every run, one archive:
+    # λ of the seed-$VIZ_SEED (default 0) run of every λ mode of a language-model sweep folder,
+    # and the λ statistics of every run that has its model here, one archive:
     # lm-viz:NAME, from /tmp/sweeps/NAME. Two held-out sequences (a D = 256 model's lambda.csv
     # holds samples × T × layers × heads × levels rows) and PNGs only: session 11's archive of
     # every file (57 a run) exceeded the 16 MiB a returned file may have.
     name=${s#lm-viz:}
-    step "λ of the seed-0 runs of $name"
+    step "λ of the seed-${VIZ_SEED:-0} runs of $name"
     rm -rf "/tmp/viz-$name"; mkdir -p "/tmp/viz-$name"
-    for r in /tmp/sweeps/$name/*seed=0/; do
+    for r in /tmp/sweeps/$name/*seed=${VIZ_SEED:-0}/; do
+        [[ -d $r/best ]] || continue
         r=${r%/}
         timeout $(left 60) $bin viz "$r" --samples 2 --out "/tmp/viz-$name/$(basename "$r")" \
             --device cuda 2>&1 | tail -1
@@ -402,7 +403,7 @@ lm-viz:*)
     # The λ statistics (lambda_per_level.csv: mean and quantiles per layer and level) of every run.
     for r in /tmp/sweeps/$name/*/; do
         r=${r%/}
-        [[ -f $r/config.toml ]] || continue
+        [[ -f $r/config.toml && -d $r/best ]] || continue
         timeout $(left 30) $bin viz "$r" --stats-only --out "/tmp/viz-$name/stats/$(basename "$r")" \
             --device cuda 2>&1 | tail -1
     done
