@@ -175,20 +175,21 @@ pub fn run_sweep(file: &ConfigFile, out: &Path, opts: &SweepOptions) -> Result<V
 }
 
 /// Processes per GPU beyond which unpacked runs lose throughput (see [`concurrency_warning`]).
-const GPU_JOBS_WORTH_IT: usize = 2;
+const GPU_JOBS_WORTH_IT: usize = 5;
 
-/// A warning when `jobs` processes per GPU would each train a single run: without MPS a GPU
-/// time-slices between the processes' contexts, and a launch-bound small model gains nothing.
-/// Measured on an H200 (bench/RESULTS.md, session 11): 15 D = 256 language-model runs as 15
-/// processes trained at 75 k tokens/s together, one run alone at 100 k. Packs are exempt: a
-/// pack is one process for many runs, and two packs side by side did gain there.
+/// A warning when `jobs` processes per GPU would each train a single run: a few small runs side
+/// by side fill the gaps between each other's kernel launches, many thrash. Measured on an H200
+/// (bench/RESULTS.md, session 15) with the D = 256 language-model step (T = 512 × 8): one
+/// process 105 k tokens/s, four side by side 365 k together (3.5×), five D = 256 runs of a sweep
+/// 4.1× one alone; eight under MPS 191 k, thirteen 180 k, fifteen without MPS 75 k (session
+/// 11). Packs are exempt: a pack is one process for many runs.
 fn concurrency_warning<T>(packs: &[Vec<T>], jobs: usize, gpu: bool) -> Option<String> {
     let single = packs.iter().filter(|p| p.len() == 1).count();
     (gpu && jobs > GPU_JOBS_WORTH_IT && single > GPU_JOBS_WORTH_IT).then(|| {
         format!(
-            "warning: --jobs {jobs} runs up to {jobs} single runs at once on one GPU; without MPS \
-             the GPU time-slices between processes, and on an H200 15 such language-model runs \
-             trained at 0.75× the tokens/s of one run alone (bench/RESULTS.md, session 11). \
+            "warning: --jobs {jobs} runs up to {jobs} single runs at once on one GPU; on an H200 \
+             four to five small language-model runs side by side trained at 3.5-4× the tokens/s \
+             of one alone, eight to fifteen at 0.75-1.8× (bench/RESULTS.md, sessions 11 and 15). \
              --jobs {GPU_JOBS_WORTH_IT} or fewer is faster for runs that cannot be packed."
         )
     })
@@ -1046,17 +1047,18 @@ mod tests {
         let warning = concurrency_warning(&singles, 12, true).expect("12 single runs on a GPU");
         assert!(warning.contains("--jobs 12"), "{warning}");
         assert!(
-            concurrency_warning(&singles, 2, true).is_none(),
-            "two at a time"
+            concurrency_warning(&singles, 5, true).is_none(),
+            "five at a time"
         );
+        assert!(concurrency_warning(&singles, 6, true).is_some(), "six");
         assert!(
             concurrency_warning(&singles, 12, false).is_none(),
             "the CPU"
         );
         assert!(concurrency_warning(&packs, 12, true).is_none(), "packs");
         assert!(
-            concurrency_warning(&singles[..2], 12, true).is_none(),
-            "two runs"
+            concurrency_warning(&singles[..5], 12, true).is_none(),
+            "five runs"
         );
     }
 }

@@ -100,55 +100,12 @@ pub fn chunked(
     let scores = matmul(qc, kc.swap_dims(3, 4)); // [B, H, NT, C, C]
     let mask = (scores * decay * hier).mask_fill(above, 0.0);
     let vc = v.clone().reshape([b, h, nt, chunk, p]);
-    let o = matmul(mask, vc).reshape([b, h, len, p]);
+    let mut o = matmul(mask, vc).reshape([b, h, len, p]);
 
-    // (b) One pass per level above the chunk. `top` is the highest level any real pair uses.
-    let o = add_level_passes(o, &q, &k, &v, &g, &lambda, (c + 1)..=bitlen(end - 1 - base));
-
-    let mut o = o.narrow(2, front, t); // [B, H, T, P]
-    if initial.is_some() || return_state {
-        let gamma = x.g.clone().swap_dims(1, 2).cumsum(2); // [B, H, T]
-        if let Some(init) = initial {
-            let q = heads_first(x.q.clone());
-            let lambda = heads_first(x.lambda.clone());
-            o = o + initial_state_output(&q, &lambda, &gamma, init);
-        }
-        if return_state {
-            let k = heads_first(x.k.clone());
-            let v = heads_first(x.v.clone());
-            let state = final_state(&k, &v, &gamma, l, initial);
-            return AttnOutput {
-                o: o.swap_dims(1, 2),
-                state: Some(state),
-            };
-        }
-    }
-    AttnOutput {
-        o: o.swap_dims(1, 2),
-        state: None,
-    }
-}
-
-/// `o` plus the pairs of every level in `levels`, one pass per level: keys in the first half of
-/// each aligned period of `2^lv` tokens, queries in the second half. Shared by the chunked form
-/// (levels above its chunk) and the segmented form (levels above its segment).
-///
-/// # Shapes
-/// Heads first, the sequence starting at a multiple of the largest period:
-/// `o: [B, H, T, P]`, `q, k: [B, H, T, N]`, `v: [B, H, T, P]`, `g: [B, H, T]`,
-/// `lambda: [B, H, T, L]` with `L > max(levels)`; returns `[B, H, T, P]`.
-pub(crate) fn add_level_passes(
-    mut o: Tensor<4>,
-    q: &Tensor<4>,
-    k: &Tensor<4>,
-    v: &Tensor<4>,
-    g: &Tensor<3>,
-    lambda: &Tensor<4>,
-    levels: std::ops::RangeInclusive<usize>,
-) -> Tensor<4> {
-    let [b, h, len, n] = q.dims();
-    let p = v.dims()[3];
-    for lv in levels {
+    // (b) One pass per level above the chunk: keys in the first half of each aligned period of
+    // 2^lv tokens, queries in the second half. `top` is the highest level any real pair uses.
+    let top = bitlen(end - 1 - base);
+    for lv in (c + 1)..=top {
         let half = 1usize << (lv - 1);
         let period = 2 * half;
         let np = len.div_ceil(period);
@@ -182,5 +139,27 @@ pub(crate) fn add_level_passes(
             .narrow(2, 0, len);
         o = o + level_out;
     }
-    o
+
+    let mut o = o.narrow(2, front, t); // [B, H, T, P]
+    if initial.is_some() || return_state {
+        let gamma = x.g.clone().swap_dims(1, 2).cumsum(2); // [B, H, T]
+        if let Some(init) = initial {
+            let q = heads_first(x.q.clone());
+            let lambda = heads_first(x.lambda.clone());
+            o = o + initial_state_output(&q, &lambda, &gamma, init);
+        }
+        if return_state {
+            let k = heads_first(x.k.clone());
+            let v = heads_first(x.v.clone());
+            let state = final_state(&k, &v, &gamma, l, initial);
+            return AttnOutput {
+                o: o.swap_dims(1, 2),
+                state: Some(state),
+            };
+        }
+    }
+    AttnOutput {
+        o: o.swap_dims(1, 2),
+        state: None,
+    }
 }

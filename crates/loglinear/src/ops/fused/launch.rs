@@ -197,36 +197,8 @@ pub fn max_shared_memory(device: &CubeDevice) -> usize {
     device.client().properties().hardware.max_shared_memory_size
 }
 
-/// Batch·heads rows per multiprocessor from which one launch over whole sequences fills the
-/// device: each row's sequence is walked by one cube (per value tile), so fewer rows leave
-/// multiprocessors idle however long the sequence. On the H200 the op ran fastest per token at
-/// T = 2,048 × B = 64 (23 rows per multiprocessor at H = 48; bench/RESULTS.md).
-const ROWS_PER_MULTIPROCESSOR: usize = 16;
-
-/// The shortest segment [`segment_len`] cuts: every halving adds one chunked level pass across
-/// segments (tensor ops over the whole sequence), so segments stay long enough that the kernels'
-/// own levels do most of the work.
-const MIN_SEGMENT: usize = 1024;
-
-/// The segment length of the sequence-parallel form ([`crate::ops::segmented`]) for `rows` =
-/// batch·heads sequences of `t` tokens on a device with `sms` multiprocessors, or `None` to run
-/// the whole sequences in one launch: the longest power-of-two segment that gives
-/// [`ROWS_PER_MULTIPROCESSOR`] rows per multiprocessor, but no shorter than [`MIN_SEGMENT`].
-pub fn segment_len(rows: usize, t: usize, sms: usize) -> Option<usize> {
-    let want = ROWS_PER_MULTIPROCESSOR * sms;
-    if rows >= want || t <= MIN_SEGMENT {
-        return None;
-    }
-    // The longest power of two below t.
-    let mut segment = (t - 1).next_power_of_two() / 2;
-    while segment > MIN_SEGMENT && rows * t.div_ceil(segment) < want {
-        segment /= 2;
-    }
-    Some(segment.max(MIN_SEGMENT))
-}
-
 /// The multiprocessors of `device` (a guess of 1 where the runtime does not say).
-pub fn multiprocessors(device: &CubeDevice) -> usize {
+fn multiprocessors(device: &CubeDevice) -> usize {
     device
         .client()
         .properties()
@@ -556,38 +528,4 @@ pub fn probe_vector_helpers(
             .collect()
     };
     (read(rows_h), read(level_h))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::segment_len;
-
-    /// The anchors' shapes on the H200 (132 multiprocessors, H = 48) and the LM's long setting
-    /// (H = 16, B = 4): segments only where batch·heads leave the card short of rows.
-    #[test]
-    fn segments_only_long_sequences_with_few_rows() {
-        let sms = 132;
-        assert_eq!(
-            segment_len(64 * 48, 2048, sms),
-            None,
-            "T = 2K × 64: rows enough"
-        );
-        assert_eq!(segment_len(16 * 48, 8192, sms), Some(2048));
-        assert_eq!(segment_len(4 * 48, 32768, sms), Some(2048));
-        assert_eq!(segment_len(48, 131_072, sms), Some(2048));
-        assert_eq!(
-            segment_len(4 * 16, 8192, sms),
-            Some(1024),
-            "the shortest segment"
-        );
-        assert_eq!(
-            segment_len(4 * 16, 1024, sms),
-            None,
-            "one shortest segment or less"
-        );
-        // Segments are powers of two shorter than T, T itself need not be one.
-        assert_eq!(segment_len(1, 5000, sms), Some(1024));
-        assert_eq!(segment_len(1, 1025, sms), Some(1024));
-        assert_eq!(segment_len(500, 3000, 40), Some(2048));
-    }
 }

@@ -285,21 +285,8 @@ pub(crate) fn cube_bf16_cmma(device: &burn_cubecl::CubeDevice) -> bool {
 }
 
 /// The fused op on a CubeCL device, or why it cannot run there (the caller falls back to the
-/// chunked form). Long sequences with too few batch·heads to fill the device run over aligned
-/// segments of the planned length ([`launch::segment_len`], [`crate::ops::segmented`]).
+/// chunked form).
 pub fn fused(x: &LogLinearInput) -> Result<Tensor<4>, String> {
-    fused_over(x, None)
-}
-
-/// [`fused`] over aligned segments of `segment` tokens (a power of two; `segment ≥ T`: the
-/// whole sequence in one launch), whatever the plan would choose: [`crate::ops::Form::Segmented`].
-pub fn fused_in_segments(x: &LogLinearInput, segment: usize) -> Result<Tensor<4>, String> {
-    fused_over(x, Some(segment))
-}
-
-/// The checks every launch needs, then the kernels over the whole sequence or over segments
-/// (`segment`, else the plan's).
-fn fused_over(x: &LogLinearInput, segment: Option<usize>) -> Result<Tensor<4>, String> {
     let d = x.dims();
     if !is_cube_device(&x.device()) {
         return Err("the device has no CubeCL kernels".into());
@@ -331,19 +318,6 @@ fn fused_over(x: &LogLinearInput, segment: Option<usize>) -> Result<Tensor<4>, S
     }
     let max_shared = max_shared_memory(&x.q);
     launch::supported(d.n, d.p, d.l, d.t, max_shared)?;
-    let segment = match segment {
-        Some(s) if s.is_power_of_two() => Some(s).filter(|&s| s < d.t),
-        Some(s) => return Err(format!("segment length {s} is not a power of two")),
-        None => launch::segment_len(d.b * d.h, d.t, multiprocessors(&x.q)),
-    };
-    Ok(match segment {
-        Some(segment) => crate::ops::segmented(x, segment, launch_whole),
-        None => launch_whole(x),
-    })
-}
-
-/// One launch of the kernels over whole sequences (checked by [`fused_over`]).
-fn launch_whole(x: &LogLinearInput) -> Tensor<4> {
     let o = <burn::backend::Dispatch as LogLinearKernels>::log_linear_fused(
         x.q.clone().into_dispatch(),
         x.k.clone().into_dispatch(),
@@ -351,7 +325,7 @@ fn launch_whole(x: &LogLinearInput) -> Tensor<4> {
         x.g.clone().into_dispatch(),
         x.lambda.clone().into_dispatch(),
     );
-    Tensor::from_dispatch(o)
+    Ok(Tensor::from_dispatch(o))
 }
 
 /// Mamba-2 (SSD) on a CubeCL device, `o[t] = Σ_{s≤t} e^{Γt−Γs} (q_t·k_s) v_s` from `x` without
@@ -392,15 +366,6 @@ fn max_shared_memory(like: &Tensor<4>) -> usize {
         DispatchDevice::Cube(cube) => launch::max_shared_memory(cube),
         #[allow(unreachable_patterns)]
         _ => 0,
-    }
-}
-
-/// The multiprocessors of the device of `like` (1 where it has no CubeCL kernels).
-fn multiprocessors(like: &Tensor<4>) -> usize {
-    match like.device().inner().as_dispatch() {
-        DispatchDevice::Cube(cube) => launch::multiprocessors(cube),
-        #[allow(unreachable_patterns)]
-        _ => 1,
     }
 }
 
