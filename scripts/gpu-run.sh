@@ -4,7 +4,7 @@
 #   | train-long | train-32k | decode
 #   | mqar-timing | train-cold:LEVEL | train-modes:LEVEL:T:B | train-step:T:B | pack-alone | pack-grid:STEPS | grid:T[:STEPS]
 #   | sweep:CONFIG:JOBS[:SET,SET...] | resume:CONFIG | lm-viz:NAME | none | lm-eval:NAME | op-gdn | gemm | cache-save | cold-compile | pack-profile
-#   | dp-check:CONFIG:STEPS | dp-bench:T:B   (two GPUs: nvidia-h200-x2) | mps-probe
+#   | dp-check:CONFIG:STEPS | dp-bench:T:B   (two GPUs: nvidia-h200-x2) | mps-probe | op-segments
 # MPS=1 runs every step under CUDA's Multi-Process Service (see mps_start).
 # bin-gpu/loglinear.xz is built by scripts/build-gpu.sh and carried over; results go to $OUT.
 set -uo pipefail
@@ -106,6 +106,17 @@ train-forms)
         step "bench train T=512 batch 64 (bf16, $f)"
         timeout 120 $bin bench train --device cuda --runs 5 --form $f --modes linear,mlp_softplus 2>&1 | tee "$out/bench_train_512_$f.txt"
     done
+    ;;
+op-segments)
+    # The sequence-parallel form (Form::Segmented: segments as batch rows for the kernels, one
+    # state per segment for the pairs across them) against one launch over the whole sequence
+    # (fused), bf16, the anchors' H = 48, N = 128, P = 64 at B·T = 131,072 ($OP_LENGTHS, default
+    # T = 8192 (B = 16), 32,768 (4), 131,072 (1)), segments of $SEGMENTS tokens.
+    step "bench op bf16 over segments: $(echo ${SEGMENTS:-2048 8192})"
+    forms=fused
+    for sg in ${SEGMENTS:-2048 8192}; do forms+=,segmented:$sg; done
+    timeout $(left ${OP_TIMEOUT:-300}) $bin bench op --device cuda --dtype bf16 --runs 5 --forms $forms \
+        --t ${OP_LENGTHS:-8192,32768,131072} 2>&1 | grep -v "Fastest result" | tee "$out/bench_op_segments.txt"
     ;;
 op-long)
     step "bench op bf16, fused, T = 32768 (B = 4) and 131072 (B = 1), λ learned and ≡ 1"

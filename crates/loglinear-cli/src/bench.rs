@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use burn::prelude::*;
 use burn::tensor::{DType, TensorData};
 use loglinear::fenwick::num_levels;
@@ -87,13 +87,29 @@ pub enum OpVariant {
     Gdn,
 }
 
-/// Parses `chunked` / `fused` / `parallel` into a [`Form`] (chunked with `chunk`).
+/// Parses `chunked` / `fused` / `segmented:S` / `parallel` into a [`Form`] (chunked with
+/// `chunk`; `segmented:S` the fused kernels over aligned segments of S tokens).
 pub fn parse_form(name: &str, chunk: usize) -> Result<Form> {
+    if let Some(segment) = name.strip_prefix("segmented:") {
+        let segment: usize = segment
+            .parse()
+            .ok()
+            .filter(|s: &usize| s.is_power_of_two())
+            .with_context(|| {
+                format!(
+                    "form {name:?}: the segment length must be a power of two (e.g. segmented:2048)"
+                )
+            })?;
+        return Ok(Form::Segmented { segment });
+    }
     Ok(match name {
         "chunked" => Form::Chunked { chunk },
         "fused" => Form::Fused,
         "parallel" => Form::Parallel,
-        other => bail!("unknown form {other:?}: expected chunked, fused or parallel"),
+        other => bail!(
+            "unknown form {other:?}: expected chunked, fused, segmented:S (S a power of two) or \
+             parallel"
+        ),
     })
 }
 
@@ -101,9 +117,15 @@ pub fn parse_form(name: &str, chunk: usize) -> Result<Form> {
 /// f64 parallel form on the CPU (B = 2, T = 512, H = 3).
 pub fn check_form(device: &Device, form: Form, dtype: DType, n: usize, p: usize) -> Result<f64> {
     match form {
-        Form::Fused if has_kernels(device) => check_fused_op(device, dtype, n, p),
-        // Elsewhere the fused form is the chunked fallback: checked as any tensor form.
-        Form::Chunked { .. } | Form::Fused => check_op(device, form, dtype, n, p),
+        Form::Fused if has_kernels(device) => check_fused_op(device, dtype, n, p, None),
+        // The check's T = 512 in segments of at most 128 tokens, so that segments are checked.
+        Form::Segmented { segment } if has_kernels(device) => {
+            check_fused_op(device, dtype, n, p, Some(segment.min(128)))
+        }
+        // Elsewhere the fused forms are the chunked fallback: checked as any tensor form.
+        Form::Chunked { .. } | Form::Fused | Form::Segmented { .. } => {
+            check_op(device, form, dtype, n, p)
+        }
         other => bail!("no correctness check for the {other} form"),
     }
 }
@@ -121,8 +143,15 @@ fn has_kernels(device: &Device) -> bool {
     }
 }
 
+/// The kernels' check: whole sequences (`segment = None`) or aligned segments.
 #[cfg(feature = "kernels")]
-fn check_fused_op(device: &Device, dtype: DType, n: usize, p: usize) -> Result<f64> {
+fn check_fused_op(
+    device: &Device,
+    dtype: DType,
+    n: usize,
+    p: usize,
+    segment: Option<usize>,
+) -> Result<f64> {
     let dims = Dims {
         b: 2,
         t: 512,
@@ -131,8 +160,9 @@ fn check_fused_op(device: &Device, dtype: DType, n: usize, p: usize) -> Result<f
         p,
         l: num_levels(512),
     };
-    let results = loglinear::testing::check_fused(device, dims, dtype, dtype, fresh_seed())
-        .map_err(|why| anyhow::anyhow!("the fused kernels do not run on {device:?}: {why}"))?;
+    let results =
+        loglinear::testing::check_fused_segments(device, dims, dtype, dtype, fresh_seed(), segment)
+            .map_err(|why| anyhow::anyhow!("the fused kernels do not run on {device:?}: {why}"))?;
     let mut worst = 0f64;
     for (name, c) in results.into_iter().take(6) {
         if c.non_finite {
@@ -144,7 +174,13 @@ fn check_fused_op(device: &Device, dtype: DType, n: usize, p: usize) -> Result<f
 }
 
 #[cfg(not(feature = "kernels"))]
-fn check_fused_op(device: &Device, dtype: DType, n: usize, p: usize) -> Result<f64> {
+fn check_fused_op(
+    device: &Device,
+    dtype: DType,
+    n: usize,
+    p: usize,
+    _segment: Option<usize>,
+) -> Result<f64> {
     check_op(device, Form::Fused, dtype, n, p)
 }
 
@@ -372,7 +408,8 @@ pub fn bench_op(cfg: &OpBench, device: &Device) -> Result<String> {
                 let o = log_linear_attn(&xa, form, None, false).o;
                 let _ = o.sum().backward();
             });
-            let fallback = form == Form::Fused && !has_kernels(device);
+            let fallback =
+                matches!(form, Form::Fused | Form::Segmented { .. }) && !has_kernels(device);
             let chunk = match form {
                 Form::Chunked { chunk } => chunk,
                 _ if fallback => 64,

@@ -117,7 +117,9 @@ enum BenchCommand {
         /// Also time λ ≡ 1.
         #[arg(long)]
         lambda_one: bool,
-        /// Forms to time: fused (the CubeCL kernels), chunked (the tensor form). Default:
+        /// Forms to time: fused (the CubeCL kernels, one launch over the whole sequence),
+        /// segmented:S (the kernels over aligned segments of S tokens, S a power of
+        /// two; S ≥ T: one launch over the whole sequence), chunked (the tensor form). Default:
         /// fused,chunked for mamba2, chunked for gdn.
         #[arg(long, value_delimiter = ',')]
         forms: Option<Vec<String>>,

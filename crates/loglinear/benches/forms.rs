@@ -40,7 +40,9 @@ fn max_len(form: Form, backward: bool) -> usize {
         Form::Recurrent => 1024,
         // On the CPU the fused and auto forms are the chunked form (the kernels need a CubeCL
         // device).
-        Form::Chunked { .. } | Form::Fused | Form::Auto { .. } => usize::MAX,
+        Form::Chunked { .. } | Form::Fused | Form::Segmented { .. } | Form::Auto { .. } => {
+            usize::MAX
+        }
     }
 }
 
@@ -99,6 +101,7 @@ fn forms(c: &mut Criterion) {
                     Form::Chunked { .. } => "chunked64",
                     Form::Recurrent => "recurrent",
                     Form::Fused => "fused",
+                    Form::Segmented { .. } => "segmented",
                     Form::Auto { .. } => "auto",
                 };
                 group.bench_with_input(BenchmarkId::new(name, t), &x, |bench, x| {

@@ -79,7 +79,10 @@ pub fn run_with_grads(
     let x = x.require_grad();
     // The fused kernels return no state (asking for one selects the chunked fallback, and makes
     // the auto form choose the chunked form).
-    let keeps_state = !matches!(form, Form::Fused | Form::Auto { .. });
+    let keeps_state = !matches!(
+        form,
+        Form::Fused | Form::Segmented { .. } | Form::Auto { .. }
+    );
     let out = log_linear_attn(&x, form, initial, keeps_state);
     let loss = (out.o.clone() * d_o.clone()).sum();
     let grads = loss.backward();
@@ -236,7 +239,8 @@ fn rounded(values: &[f64], dtype: DType) -> Vec<f64> {
 /// gradient in `dtype`, `g, λ` in `g_dtype`, as mixed precision runs them), with NaN-tailed
 /// device buffers and fresh random inputs from `seed`. Errors if the kernels would not run
 /// (a silent fallback must not pass as a kernel check). After `o` and the five gradients come
-/// the `dλ` errors per level (`dλ0`, `dλ1`, …), which localise a failure.
+/// the `dλ` errors per level (`dλ0`, `dλ1`, …), which localise a failure. The kernels walk the
+/// whole sequence in one launch: [`check_fused_segments`] tests them over segments.
 #[cfg(feature = "kernels")]
 pub fn check_fused(
     device: &Device,
@@ -244,6 +248,21 @@ pub fn check_fused(
     dtype: DType,
     g_dtype: DType,
     seed: u64,
+) -> Result<Vec<(&'static str, Closeness)>, String> {
+    let whole = dims.t.max(1).next_power_of_two();
+    check_fused_segments(device, dims, dtype, g_dtype, seed, Some(whole))
+}
+
+/// [`check_fused`] over aligned segments of `segment` tokens (`Form::Segmented`), or with
+/// `None` as `Form::Fused` runs it (one launch over the whole sequence).
+#[cfg(feature = "kernels")]
+pub fn check_fused_segments(
+    device: &Device,
+    dims: crate::ops::Dims,
+    dtype: DType,
+    g_dtype: DType,
+    seed: u64,
+    segment: Option<usize>,
 ) -> Result<Vec<(&'static str, Closeness)>, String> {
     let cpu = Device::flex().autodiff();
     let x = LogLinearInput::random(dims, seed, DType::F64, &Device::flex());
@@ -285,8 +304,17 @@ pub fn check_fused(
         lambda: nan_tailed(&host.lambda, [b, t, h, l], g_dtype, &ad),
     };
     let d_od = nan_tailed(&d_o_host, [b, t, h, p], dtype, &ad);
-    crate::ops::fused::fused(&xd)?;
-    let got = run_with_grads(&xd, &d_od, Form::Fused, None);
+    let form = match segment {
+        Some(segment) => {
+            crate::ops::fused::fused_in_segments(&xd, segment)?;
+            Form::Segmented { segment }
+        }
+        None => {
+            crate::ops::fused::fused(&xd)?;
+            Form::Fused
+        }
+    };
+    let got = run_with_grads(&xd, &d_od, form, None);
     let mut out = vec![("o", closeness(&reference.o, &got.o))];
     for ((name, r), (_, g)) in reference.grads.iter().zip(&got.grads) {
         out.push((*name, closeness(r, g)));

@@ -53,7 +53,7 @@ fn check_form(x: &LogLinearInput, form: Form, tol_o: f64, tol_grad: f64, seed: u
         }
         assert_close(&format!("{ctx} {name}"), r, g, tol_grad);
     }
-    if form != Form::Fused {
+    if !matches!(form, Form::Fused | Form::Segmented { .. }) {
         assert_close(
             &format!("{ctx} final state"),
             reference.state.as_ref().unwrap(),
@@ -122,6 +122,55 @@ fn fused_entry_point_matches_parallel_f64_on_the_cpu() {
     let seed = test_seed(201);
     let x = LogLinearInput::random(dims(2, 70, 2, 8, 4), seed, DType::F64, &dev());
     check_form(&x, Form::Fused, 1e-11, 1e-10, seed);
+}
+
+/// The sequence-parallel form (segments as batch rows, chunked level passes across them) against
+/// the definition, output and all five gradients: segments of 1 to 64 tokens, sequences shorter
+/// than one segment, exactly whole segments (T = 64), a partial last segment (7, 63, 70, 200),
+/// f64 and f32.
+#[test]
+fn segmented_matches_parallel_f64() {
+    let shapes = [
+        (1, 1, 1, 4, 3),
+        (2, 7, 2, 3, 5),
+        (1, 63, 3, 4, 4),
+        (2, 64, 2, 5, 3),
+        (1, 70, 2, 4, 6),
+        (2, 200, 2, 8, 4),
+    ];
+    for (i, (b, t, h, n, p)) in shapes.into_iter().enumerate() {
+        let seed = test_seed(210 + i as u64);
+        let x = LogLinearInput::random(dims(b, t, h, n, p), seed, DType::F64, &dev());
+        for segment in [1, 2, 8, 32, 64, 256] {
+            check_form(&x, Form::Segmented { segment }, 1e-11, 1e-10, seed);
+        }
+    }
+    let seed = test_seed(220);
+    let x = LogLinearInput::random(dims(2, 70, 3, 8, 8), seed, DType::F32, &dev());
+    check_form(&x, Form::Segmented { segment: 16 }, 2e-5, 2e-4, seed);
+}
+
+/// More λ slots than the sequence needs (a model built for longer sequences) and half-precision
+/// inputs: the segmented form still equals the chunked one.
+#[test]
+fn segmented_takes_spare_levels_and_bf16() {
+    let seed = test_seed(221);
+    let d = Dims {
+        l: num_levels(70) + 3,
+        ..dims(2, 70, 2, 16, 8)
+    };
+    let x = LogLinearInput::random(d, seed, DType::F64, &dev());
+    check_form(&x, Form::Segmented { segment: 16 }, 1e-11, 1e-10, seed);
+    let x16 = HostInput::from_input(&x).to_input(DType::BF16, &dev());
+    let seg = log_linear_attn(&x16, Form::Segmented { segment: 16 }, None, false).o;
+    let chunked = log_linear_attn(&x16, Form::Chunked { chunk: 16 }, None, false).o;
+    assert_eq!(seg.dtype(), DType::BF16);
+    assert_close(
+        "bf16 segmented vs chunked",
+        &to_f64(&chunked),
+        &to_f64(&seg),
+        2e-2,
+    );
 }
 
 /// `Form::Auto` on the CPU is the chunked form with its chunk, bit for bit, in f32 and in bf16 (the

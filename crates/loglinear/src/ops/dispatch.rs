@@ -3,7 +3,7 @@
 use burn::prelude::*;
 use burn::tensor::DType;
 
-use super::{FenwickState, LogLinearInput, chunked, parallel, recurrent};
+use super::{FenwickState, LogLinearInput, chunked, parallel, recurrent, segmented};
 
 /// Which algorithm computes the op. All forms give the same result up to rounding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -24,6 +24,15 @@ pub enum Form {
     /// initial or returned state, f64, shared memory too small for the widths), it is
     /// `Chunked { chunk: 64 }`; on a CubeCL device such a fallback prints a one-time warning.
     Fused,
+    /// The sequence-parallel form: aligned segments of `segment` tokens (a power of two) as
+    /// independent rows of the batch for [`Form::Fused`] (every pair inside a segment), plus one
+    /// state per segment for the pairs across segments ([`crate::ops::segmented`]). For long
+    /// sequences with few heads, which leave most of a GPU idle in one launch. Without kernels
+    /// the segments take the chunked form; a Fenwick state in or out takes the chunked form.
+    Segmented {
+        /// Segment length, a power of two.
+        segment: usize,
+    },
     /// The faster of `Fused` and `Chunked { chunk }` for the inputs at hand, chosen at every call
     /// by [`auto_form`]: the fused kernels where they run on tensor cores, the chunked form
     /// elsewhere (on the CPU always).
@@ -92,6 +101,7 @@ impl std::fmt::Display for Form {
             Form::Chunked { chunk } => write!(f, "chunked(C={chunk})"),
             Form::Recurrent => write!(f, "recurrent"),
             Form::Fused => write!(f, "fused"),
+            Form::Segmented { segment } => write!(f, "segmented(S={segment})"),
             Form::Auto { chunk } => write!(f, "auto(C={chunk})"),
         }
     }
@@ -139,6 +149,31 @@ pub fn log_linear_attn(
             };
         }
         Form::Fused => return fused_or_chunked(x, DEFAULT_CHUNK, initial, return_state),
+        Form::Segmented { segment } if initial.is_none() && !return_state => {
+            #[cfg(feature = "kernels")]
+            if let Ok(o) = crate::ops::fused::fused_in_segments(x, segment) {
+                return AttnOutput { o, state: None };
+            }
+            // Without kernels the segments take the chunked form: the same composition.
+            return AttnOutput {
+                o: segmented(x, segment, |rows| {
+                    log_linear_attn(
+                        rows,
+                        Form::Chunked {
+                            chunk: DEFAULT_CHUNK,
+                        },
+                        None,
+                        false,
+                    )
+                    .o
+                }),
+                state: None,
+            };
+        }
+        // The kernels keep no state: as `Fused`, the chunked form.
+        Form::Segmented { .. } => {
+            return fused_or_chunked(x, DEFAULT_CHUNK, initial, return_state);
+        }
         _ => {}
     }
     // Half-precision inputs: the decays are differences of cumulative sums, which bf16/f16 cannot
@@ -174,7 +209,9 @@ pub fn log_linear_attn(
                 state: Some(state),
             }
         }
-        Form::Fused | Form::Auto { .. } => unreachable!("handled above"),
+        Form::Fused | Form::Segmented { .. } | Form::Auto { .. } => {
+            unreachable!("handled above")
+        }
     }
 }
 

@@ -9,7 +9,9 @@
 //!   vectorised pass per chunk level);
 //! * [`Form::Recurrent`]: the O(log T) Fenwick state stepped token by token (also the decoder);
 //! * [`Form::Fused`]: the fused CubeCL kernels ([`fused`], features `cuda`/`wgpu`) where they
-//!   run (else the chunked form), and
+//!   run (else the chunked form), on long sequences with few heads over aligned segments
+//!   ([`Form::Segmented`], [`segmented`]: segments as batch rows, chunked level passes across
+//!   them), and
 //!   [`Form::Auto`]: whichever of the two is faster for the inputs at hand ([`auto_form`]).
 //!
 //! All forms take the same [`LogLinearInput`], an optional initial [`FenwickState`], and can
@@ -36,6 +38,7 @@ mod input;
 mod parallel;
 mod random;
 mod recurrent;
+mod segmented;
 mod state;
 mod tensor;
 
@@ -46,6 +49,7 @@ pub use dispatch::{
 pub use input::{Dims, LogLinearInput};
 pub use parallel::parallel;
 pub use recurrent::{recurrent, recurrent_step};
+pub use segmented::segmented;
 pub use state::FenwickState;
 
 pub(crate) use recurrent::{carry, read_out, with_level0};

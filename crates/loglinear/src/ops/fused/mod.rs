@@ -285,8 +285,19 @@ pub(crate) fn cube_bf16_cmma(device: &burn_cubecl::CubeDevice) -> bool {
 }
 
 /// The fused op on a CubeCL device, or why it cannot run there (the caller falls back to the
-/// chunked form).
+/// chunked form): one launch over the whole sequences.
 pub fn fused(x: &LogLinearInput) -> Result<Tensor<4>, String> {
+    fused_over(x, None)
+}
+
+/// [`fused`] over aligned segments of `segment` tokens (a power of two; `segment ≥ T`: the
+/// whole sequence in one launch): [`crate::ops::Form::Segmented`], [`crate::ops::segmented`].
+pub fn fused_in_segments(x: &LogLinearInput, segment: usize) -> Result<Tensor<4>, String> {
+    fused_over(x, Some(segment))
+}
+
+/// The checks every launch needs, then the kernels over the whole sequence or over `segment`s.
+fn fused_over(x: &LogLinearInput, segment: Option<usize>) -> Result<Tensor<4>, String> {
     let d = x.dims();
     if !is_cube_device(&x.device()) {
         return Err("the device has no CubeCL kernels".into());
@@ -318,6 +329,19 @@ pub fn fused(x: &LogLinearInput) -> Result<Tensor<4>, String> {
     }
     let max_shared = max_shared_memory(&x.q);
     launch::supported(d.n, d.p, d.l, d.t, max_shared)?;
+    let segment = match segment {
+        Some(s) if s.is_power_of_two() => Some(s).filter(|&s| s < d.t),
+        Some(s) => return Err(format!("segment length {s} is not a power of two")),
+        None => None,
+    };
+    Ok(match segment {
+        Some(segment) => crate::ops::segmented(x, segment, launch_whole),
+        None => launch_whole(x),
+    })
+}
+
+/// One launch of the kernels over whole sequences (checked by [`fused_over`]).
+fn launch_whole(x: &LogLinearInput) -> Tensor<4> {
     let o = <burn::backend::Dispatch as LogLinearKernels>::log_linear_fused(
         x.q.clone().into_dispatch(),
         x.k.clone().into_dispatch(),
@@ -325,7 +349,7 @@ pub fn fused(x: &LogLinearInput) -> Result<Tensor<4>, String> {
         x.g.clone().into_dispatch(),
         x.lambda.clone().into_dispatch(),
     );
-    Ok(Tensor::from_dispatch(o))
+    Tensor::from_dispatch(o)
 }
 
 /// Mamba-2 (SSD) on a CubeCL device, `o[t] = Σ_{s≤t} e^{Γt−Γs} (q_t·k_s) v_s` from `x` without

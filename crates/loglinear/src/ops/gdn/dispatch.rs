@@ -41,7 +41,8 @@ pub fn gdn_attn(
     match form {
         Form::Parallel => parallel(x, initial, return_state),
         Form::Chunked { chunk } => chunked(x, chunk, initial, return_state),
-        Form::Fused => chunked(x, 64, initial, return_state),
+        // No Gated DeltaNet kernels: the fused forms are its chunked form.
+        Form::Fused | Form::Segmented { .. } => chunked(x, 64, initial, return_state),
         Form::Auto { chunk } => chunked(x, chunk, initial, return_state),
         Form::Recurrent => {
             let (o, state) = recurrent(x, initial);

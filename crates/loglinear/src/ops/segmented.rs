@@ -1,0 +1,161 @@
+//! The sequence-parallel form: the sequence cut into aligned segments of `S = 2^s` tokens, each
+//! computed by another form as an independent row of the batch (every pair inside a segment),
+//! plus the pairs across segments from one `N×P` state per segment.
+//!
+//! Aligned segments keep the level structure. A segment starts at a multiple of `S`, so a pair
+//! inside it has the level of its local positions (`t XOR s` is unchanged) and its decay is a
+//! difference of local cumulative sums: the inner form computes it exactly. A pair across
+//! segments `j' < j` has level `s + bitlen(j XOR j')`, and the pairs of level `s + i` are the key
+//! half (segments) and query half of aligned periods of `2^i` segments (`ops/README.md`). So:
+//!
+//! ```text
+//! γ_t   = local inclusive cumsum of g within its segment,  c_j = γ at the end of segment j
+//! KS_j  = Σ_{s in j} e^{c_j − γ_s} k_s v_sᵀ                 one N×P state per segment (one product)
+//! for i = 1 ..: per period p of 2^i segments, C = inclusive cumsum of c over the period
+//!     K_p   = Σ_{j' in key half} e^{C_end(key half) − C_j'} KS_j'         (small tensors)
+//!     o_t  += λ[t, s+i] · e^{γ_t} · e^{C_{j−1} − C_end(key half)} · q_tᵀ K_p   for t in a query-half segment j
+//! ```
+//!
+//! Every exponent is ≤ 0 (sums of log-decays over spans that end where they are read). The key
+//! side costs one product over the sequence for all levels; each level costs one product of the
+//! queries with their period's state and element-wise weights — the chunked form's level passes
+//! with the key side summarised per segment.
+//!
+//! Why: the fused kernels walk a (batch·head)'s whole sequence in one cube, so a long sequence
+//! with few heads (B = 1 at T = 131,072) leaves most of a GPU idle; as segments it is
+//! `B·H·T/S` rows. (A first version, session 15, added the pairs across segments with the
+//! chunked form's level passes over the whole sequence in f32: 20–55 ms a level on the H200,
+//! slower than one launch everywhere; bench/RESULTS.md.)
+
+use burn::prelude::*;
+use burn::tensor::DType;
+
+use super::{LogLinearInput, heads_first, pad_zeros, zeros_as};
+use crate::fenwick::{self, bitlen};
+use crate::linalg::matmul;
+
+/// Log-linear attention over aligned segments of `segment` tokens: `inner` computes every
+/// segment as one row of a batch of `B·⌈T/segment⌉` sequences (given λ's first
+/// `num_levels(segment)` levels), the pairs across segments come from one state per segment
+/// (module docs). Any `T` (the last segment is zero-padded, which leaves every real output
+/// unchanged by causality); sequences no longer than one segment go to `inner` whole.
+/// Half-precision inputs: products take operands in the input dtype with the decays, weights
+/// and sums in f32 (as the fused kernels round their states), and `o` is returned in the input
+/// dtype.
+///
+/// # Shapes
+/// See [`LogLinearInput`]; `o: [B, T, H, P]`; `inner` maps a `LogLinearInput` of
+/// `[B·T'/segment, segment, H, ·]` to its `o`.
+///
+/// # Panics
+/// If `segment` is not a power of two, or on the shape errors of [`LogLinearInput::dims`].
+pub fn segmented(
+    x: &LogLinearInput,
+    segment: usize,
+    inner: impl FnOnce(&LogLinearInput) -> Tensor<4>,
+) -> Tensor<4> {
+    const OP: &str = "log_linear_attn(segmented)";
+    assert!(
+        segment.is_power_of_two(),
+        "{OP}: segment length {segment} is not a power of two"
+    );
+    let d = x.dims();
+    fenwick::check_levels(OP, d.l, d.t);
+    if d.t <= segment {
+        return inner(x);
+    }
+    let (b, t, h, n, p) = (d.b, d.t, d.h, d.n, d.p);
+    let dtype = x.dtype();
+    let segments = t.div_ceil(segment);
+    let len = segments * segment;
+    let pad = |x: Tensor<4>| pad_zeros(x, 1, 0, len - t);
+    let (q, k, v, lambda) = (
+        pad(x.q.clone()),
+        pad(x.k.clone()),
+        pad(x.v.clone()),
+        pad(x.lambda.clone()),
+    );
+    let g = pad_zeros(x.g.clone(), 1, 0, len - t); // [B, T', H]
+    let inner_levels = fenwick::num_levels(segment);
+    let local = LogLinearInput {
+        q: q.clone().reshape([b * segments, segment, h, n]),
+        k: k.clone().reshape([b * segments, segment, h, n]),
+        v: v.clone().reshape([b * segments, segment, h, p]),
+        g: g.clone().reshape([b * segments, segment, h]),
+        lambda: lambda.clone().narrow(3, 0, inner_levels).reshape([
+            b * segments,
+            segment,
+            h,
+            inner_levels,
+        ]),
+    };
+    let inside = inner(&local).reshape([b, len, h, p]);
+
+    // Decays, weights and sums in f32 for half-precision inputs; products in the input dtype.
+    let wide = match dtype {
+        DType::BF16 | DType::F16 => DType::F32,
+        other => other,
+    };
+    let (s, ns) = (segment, segments);
+    let q = heads_first(q); // [B, H, T', N]
+    let k = heads_first(k).reshape([b, h, ns, s, n]);
+    let v = heads_first(v).reshape([b, h, ns, s, p]);
+    let lambda = heads_first(lambda).cast(wide); // [B, H, T', L]
+    let gamma = g
+        .swap_dims(1, 2)
+        .cast(wide)
+        .reshape([b, h, ns, s])
+        .cumsum(3); // [B, H, NS, S]
+    let ends = gamma.clone().narrow(3, s - 1, 1); // [B, H, NS, 1]
+
+    // One state per segment, decayed to the segment's end: KS_j = Σ_s e^{c_j − γ_s} k_s v_sᵀ.
+    let key_weight = (ends.clone() - gamma.clone()).exp(); // [B, H, NS, S]
+    let weighted = (v.cast(wide) * key_weight.unsqueeze_dim(4)).cast(dtype);
+    let states = matmul(k.swap_dims(3, 4), weighted).cast(wide); // [B, H, NS, N, P]
+    let ends = ends.reshape([b, h, ns]);
+    let read_decay = gamma.exp().reshape([b, h, len]); // e^{γ_t}, [B, H, T']
+
+    let mut across = Tensor::<4>::zeros([b, h, len, p], (&x.device(), wide));
+    for i in 1..=bitlen(ns - 1) {
+        let period = 1usize << i;
+        let half = period / 2;
+        let np = ns.div_ceil(period);
+        let extra = np * period - ns; // whole segments of padding
+        let tokens = period * s;
+        // The period's key half, summed into one state decayed to the key half's end.
+        let cum = pad_zeros(ends.clone(), 2, 0, extra)
+            .reshape([b, h, np, period])
+            .cumsum(3); // C, [B, H, NP, 2^i]
+        let key_end = cum.clone().narrow(3, half - 1, 1); // [B, H, NP, 1]
+        let key_weight = (key_end.clone() - cum.clone().narrow(3, 0, half)).exp();
+        let key_states = pad_zeros(states.clone(), 2, 0, extra)
+            .reshape([b, h, np, period, n * p])
+            .narrow(3, 0, half);
+        let period_state = (key_states * key_weight.unsqueeze_dim(4))
+            .sum_dim(3)
+            .reshape([b, h, np, n, p]);
+        // Query-half segment j reads it decayed from the key half's end to its own start:
+        // e^{C_{j−1} − C_end(key half)}; the key half reads nothing (weight 0).
+        let before = cum.clone() - pad_zeros(ends.clone(), 2, 0, extra).reshape([b, h, np, period]);
+        let query_decay = (before.narrow(3, half, half) - key_end).exp(); // [B, H, NP, half]
+        let segment_weight = Tensor::cat(
+            vec![zeros_as(&query_decay, [b, h, np, half]), query_decay],
+            3,
+        );
+        let level = (bitlen(s - 1) + i).min(d.l - 1);
+        let token_weight = pad_zeros(
+            lambda.clone().narrow(3, level, 1).reshape([b, h, len]) * read_decay.clone(),
+            2,
+            0,
+            extra * s,
+        )
+        .reshape([b, h, np, period, s])
+            * segment_weight.unsqueeze_dim(4); // [B, H, NP, 2^i, S]
+        let queries = pad_zeros(q.clone(), 2, 0, extra * s).reshape([b, h, np, tokens, n]);
+        let read = matmul(queries, period_state.cast(dtype)).cast(wide)
+            * token_weight.reshape([b, h, np, tokens]).unsqueeze_dim(4); // [B, H, NP, 2^i·S, P]
+        across = across + read.reshape([b, h, np * tokens, p]).narrow(2, 0, len);
+    }
+    let o = inside.cast(wide) + across.swap_dims(1, 2);
+    o.narrow(1, 0, t).cast(dtype)
+}
