@@ -142,6 +142,7 @@ pub fn segmented(
             vec![zeros_as(&query_decay, [b, h, np, half]), query_decay],
             3,
         );
+        // Levels above L − 1 are read only by padding queries (check_levels): clamped.
         let level = (bitlen(s - 1) + i).min(d.l - 1);
         let token_weight = pad_zeros(
             lambda.clone().narrow(3, level, 1).reshape([b, h, len]) * read_decay.clone(),
@@ -151,6 +152,9 @@ pub fn segmented(
         )
         .reshape([b, h, np, period, s])
             * segment_weight.unsqueeze_dim(4); // [B, H, NP, 2^i, S]
+        // Every query of the period times its state, the key half weighted 0: twice the
+        // product's work, but the result is the whole sequence's contribution in place (no
+        // per-level concatenation of the query halves with zeros).
         let queries = pad_zeros(q.clone(), 2, 0, extra * s).reshape([b, h, np, tokens, n]);
         let read = matmul(queries, period_state.cast(dtype)).cast(wide)
             * token_weight.reshape([b, h, np, tokens]).unsqueeze_dim(4); // [B, H, NP, 2^i·S, P]
