@@ -9,9 +9,9 @@
 //!   vectorised pass per chunk level);
 //! * [`Form::Recurrent`]: the O(log T) Fenwick state stepped token by token (also the decoder);
 //! * [`Form::Fused`]: the fused CubeCL kernels ([`fused`], features `cuda`/`wgpu`) where they
-//!   run (else the chunked form), on long sequences with few heads over aligned segments
-//!   ([`Form::Segmented`], [`segmented`]: segments as batch rows, chunked level passes across
-//!   them), and
+//!   run (else the chunked form);
+//! * [`Form::Segmented`]: the same kernels over aligned segments as batch rows, per-segment
+//!   states for the pairs across them ([`segmented`]; for long sequences with few heads), and
 //!   [`Form::Auto`]: whichever of the two is faster for the inputs at hand ([`auto_form`]).
 //!
 //! All forms take the same [`LogLinearInput`], an optional initial [`FenwickState`], and can
