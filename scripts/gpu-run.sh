@@ -210,12 +210,13 @@ train-cold:*)
 train-step:*)
     # The LM step (D = 512, 6 layers, bf16) at T × B for the λ modes in $MODES (default linear,
     # mlp_softplus), warm cache: the loss-curve check against the CPU first, then 10 timed steps
-    # and a kernel profile of 3 more.
+    # and a kernel profile of 3 more. $FORM: the op's form (default auto; e.g. segmented:1024).
     IFS=: read -r _ len batch <<< "$s"
-    step "bench train T=$len batch $batch, ${MODES:-linear,mlp_softplus}, with the check and a profile"
+    form=${FORM:-auto}
+    step "bench train T=$len batch $batch, ${MODES:-linear,mlp_softplus}, form $form, with the check and a profile"
     timeout $(left ${STEP_TIMEOUT:-300}) $bin bench train --device cuda --runs 10 --seq-len $len --batch $batch \
-        --modes ${MODES:-linear,mlp_softplus} --profile 3 2>&1 | grep -v "Fastest result" \
-        | tee "$out/train_step_${len}x${batch}_$(tr , _ <<< "${MODES:-linear,mlp_softplus}").txt" \
+        --modes ${MODES:-linear,mlp_softplus} --form $form --profile 3 2>&1 | grep -v "Fastest result" \
+        | tee "$out/train_step_${len}x${batch}_$(tr , _ <<< "${MODES:-linear,mlp_softplus}")_${form/:/}.txt" \
         | grep -E "^check|^\| (log|trans)|^profiled|rror|panic"
     ;;
 train-modes:*)
@@ -301,8 +302,8 @@ resume:*)
     # values). Runs carried in bin-gpu/parts/NAME-state-*.tar (this step's parts from an earlier
     # call) are restored first: finished runs are skipped, the others resume from their last
     # checkpoint. Back: NAME-metrics.tgz (every run without its model files) and the state to
-    # resume from in ≤ 15 MiB parts NAME-state-NN.tar (each run's last checkpoint, no best/:
-    # ≈ 0.65 MB a run of the paper's MQAR model), also for finished runs (their final models).
+    # resume from in ≤ 15 MiB parts NAME-state-NN.tar (each unfinished run's last checkpoint, no
+    # best/: ≈ 0.75 MB a run of the paper's MQAR model). $OUT also gets NAME.txt (the log's tail).
     config=${s#resume:}
     name=$(basename "$config" .toml)
     dir=/tmp/sweeps/$name; mkdir -p /tmp/sweeps
@@ -322,17 +323,19 @@ resume:*)
         | grep -vE "^\s*$" | tail -60 | tee "$out/$name.txt"
     (cd /tmp/sweeps && tar czf "$out/$name-metrics.tgz" --exclude='*.safetensors' --exclude='*.bpk' \
         --exclude='checkpoints' --exclude='best' "$name")
-    # Per run: everything but best/ and all checkpoints except the one `latest` names. With
-    # RESUME_STATE=finished (language models: a checkpoint is ≈ 370 MB at D = 256), only the
-    # finished runs, without checkpoints: the next call skips them and starts the others anew.
+    # Per run: everything but best/ and the checkpoints, and for a run that has not finished the
+    # checkpoint `latest` names (a finished run is skipped by the next call: its summary is all
+    # it needs). With RESUME_STATE=finished (language models: a checkpoint is ≈ 370 MB at
+    # D = 256), only the finished runs: the next call starts the others anew. A device call
+    # returns at most 8 files of 16 MiB: the parts are 15 MiB.
     (cd /tmp/sweeps && for r in "$name"/*/; do
         r=${r%/}
-        if [[ ${RESUME_STATE:-all} == finished ]]; then
+        if [[ ${RESUME_STATE:-open} == finished ]]; then
             [[ -f $r/summary.json ]] && find "$r" -path "$r/best" -prune -o -path "$r/checkpoints" -prune -o -type f -print
             continue
         fi
         find "$r" -path "$r/best" -prune -o -path "$r/checkpoints" -prune -o -type f -print
-        if [[ -f $r/checkpoints/latest ]]; then
+        if [[ ! -f $r/summary.json && -f $r/checkpoints/latest ]]; then
             echo "$r/checkpoints/latest"
             find "$r/checkpoints/$(cat "$r/checkpoints/latest")" -type f
         fi
