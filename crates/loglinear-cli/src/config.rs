@@ -72,7 +72,13 @@ pub enum FormName {
     Recurrent,
     /// The fused kernels on CUDA/WGPU; elsewhere the chunked form with chunk 64.
     Fused,
+    /// [`Form::Segmented`]: the fused kernels over aligned segments of `segment` tokens, the
+    /// pairs across segments from one state per segment (long sequences with few heads).
+    Segmented,
 }
+
+/// The segment length of `form = "segmented"` where `model.segment` is absent.
+pub const DEFAULT_SEGMENT: usize = 2048;
 
 /// The `[model]` table: the architecture, and values for the fields of its library config
 /// ([`SyntheticConfig`], [`LmConfig`] with [`MixerConfig`] and [`LambdaConfig`], or
@@ -128,6 +134,8 @@ pub struct ModelConfig {
     /// Chunk size of the chunked form, a power of two (paper_synthetic, mamba2; default
     /// [`DEFAULT_CHUNK`]); `fused` chooses its own.
     pub chunk: Option<usize>,
+    /// Segment length of `form = "segmented"`, a power of two (default [`DEFAULT_SEGMENT`]).
+    pub segment: Option<usize>,
     /// Compute dtype: `full` (the parameters' f32) or `bf16` (mixed precision: bf16 activations
     /// and matrix products; f32 master weights, optimiser state, norms, decays, λ and the core
     /// op's cumulative sums and states; f32 logits for the loss).
@@ -160,6 +168,9 @@ impl ModelConfig {
             FormName::Chunked => Form::Chunked { chunk },
             FormName::Recurrent => Form::Recurrent,
             FormName::Fused => Form::Fused,
+            FormName::Segmented => Form::Segmented {
+                segment: self.segment.unwrap_or(DEFAULT_SEGMENT),
+            },
         }
     }
 }
@@ -387,6 +398,9 @@ impl ExperimentConfig {
             r.lambda_init = (c.init != LambdaInit::Identity).then_some(c.init);
             r.form = Some(m.form.unwrap_or_default());
             r.chunk = Some(m.chunk.unwrap_or(DEFAULT_CHUNK));
+            if r.form == Some(FormName::Segmented) {
+                r.segment = Some(m.segment.unwrap_or(DEFAULT_SEGMENT));
+            }
         };
         let network = match m.arch {
             Arch::PaperSynthetic => {
@@ -588,6 +602,18 @@ impl ExperimentConfig {
         }
         if let Some(chunk) = model.chunk.filter(|c| !c.is_power_of_two()) {
             bail!("model.chunk must be a power of two, got {chunk}");
+        }
+        if let Some(segment) = self.model.segment {
+            if self.model.form != Some(FormName::Segmented) {
+                bail!(
+                    "model.segment applies to form = \"segmented\" only (form is {:?}): leave \
+                     the key out or set the form",
+                    self.model.form.unwrap_or_default()
+                );
+            }
+            if !segment.is_power_of_two() {
+                bail!("model.segment must be a power of two (e.g. 2048), got {segment}");
+            }
         }
         Ok(())
     }

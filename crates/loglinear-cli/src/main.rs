@@ -210,7 +210,8 @@ enum BenchCommand {
         #[arg(long, default_value = "bf16")]
         precision: String,
         /// Core-op form of the log-linear models: auto (the config default: fused where it runs
-        /// on tensor cores, else chunked), chunked or fused.
+        /// on tensor cores, else chunked), chunked, fused or segmented:S (the kernels over
+        /// aligned segments of S tokens, S a power of two).
         #[arg(long, default_value = "auto")]
         form: String,
         /// After timing, profile this many steps kernel by kernel (device time per kernel

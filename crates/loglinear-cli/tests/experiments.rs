@@ -230,6 +230,25 @@ fn the_default_form_is_auto_with_the_chunk() {
             .unwrap();
         assert_eq!(c.model.form(), form, "{name}");
     }
+    // The segmented form takes `model.segment` (default 2048), a power of two, and only it does.
+    let segmented = |sets: &[&str]| {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        ConfigFile::parse(&no_form, &sets).unwrap().config()
+    };
+    let c = segmented(&["model.form=segmented", "model.segment=512"]).unwrap();
+    assert_eq!(c.model.form(), Form::Segmented { segment: 512 });
+    let c = segmented(&["model.form=segmented"]).unwrap();
+    assert_eq!(c.model.form(), Form::Segmented { segment: 2048 });
+    let err = segmented(&["model.form=segmented", "model.segment=500"]).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("model.segment must be a power of two"),
+        "{err:#}"
+    );
+    let err = segmented(&["model.form=fused", "model.segment=512"]).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("model.segment applies to form = \"segmented\""),
+        "{err:#}"
+    );
     // Without a chunk: the library's usual one.
     let c = ConfigFile::parse(&no_form.replace("chunk = 4\n", ""), &[])
         .unwrap()

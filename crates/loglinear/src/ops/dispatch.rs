@@ -20,7 +20,9 @@ pub enum Form {
     Recurrent,
     /// The fused CubeCL kernels (forward and backward) on CUDA and WGPU devices: the chunkwise
     /// algorithm in one pass over the sequence per (batch, head, value tile), with every chunk
-    /// level's state kept by the kernel. Elsewhere, and for what the kernels do not cover (an
+    /// level's state kept by the kernel — or, for training on tensor cores with sequences too
+    /// few and too long to fill the device, over the segments of [`crate::ops::planned_segment`]
+    /// ([`Form::Segmented`]). Elsewhere, and for what the kernels do not cover (an
     /// initial or returned state, f64, shared memory too small for the widths), it is
     /// `Chunked { chunk: 64 }`; on a CubeCL device such a fallback prints a one-time warning.
     Fused,

@@ -49,7 +49,7 @@ pub use dispatch::{
 pub use input::{Dims, LogLinearInput};
 pub use parallel::parallel;
 pub use recurrent::{recurrent, recurrent_step};
-pub use segmented::segmented;
+pub use segmented::{planned_segment, segmented};
 pub use state::FenwickState;
 
 pub(crate) use recurrent::{carry, read_out, with_level0};

@@ -163,3 +163,70 @@ pub fn segmented(
     let o = inside.cast(wide) + across.swap_dims(1, 2);
     o.narrow(1, 0, t).cast(dtype)
 }
+
+/// Sequences shorter than this run in one launch whatever the rows: the shortest at which
+/// segments were measured to win (the LM step at T = 8192, bench/RESULTS.md, session 16).
+const PLAN_MIN_SEQUENCE: usize = 8192;
+/// The shortest segment the plan cuts (each halving adds a level read across segments).
+const PLAN_MIN_SEGMENT: usize = 1024;
+/// The rows per multiprocessor the plan aims at: at B = 1, T = 131,072, H = 48 on the H200's
+/// 132 multiprocessors that is segments of 8,192 (768 rows), measured as fast as 2,048 (3,072
+/// rows) for forward+backward and faster for the forward.
+const PLAN_ROWS_PER_MULTIPROCESSOR: usize = 4;
+
+/// The segment length [`crate::ops::Form::Fused`] trains with on a device of `multiprocessors`
+/// multiprocessors, for `rows = B·H` sequences of `t` tokens, or `None` for one launch over the
+/// whole sequence. Segments only where one launch leaves the card idle — fewer rows than
+/// multiprocessors, each walking a long sequence — and then the longest power of two that
+/// gives [`PLAN_ROWS_PER_MULTIPROCESSOR`] rows per multiprocessor, but no shorter than
+/// [`PLAN_MIN_SEGMENT`]. Measured on the H200 in bf16 (bench/RESULTS.md, session 16):
+/// forward+backward at B = 1, T = 131,072, H = 48 483 → 210 ms; the LM step at T = 8192 × 4
+/// (32 rows, segments of 1,024) 104.2 → 99.2 ms; at 768 rows (T = 8192 × 16) one launch is
+/// faster (116 vs 148 ms), so it is kept from `multiprocessors` rows up.
+pub fn planned_segment(rows: usize, t: usize, multiprocessors: usize) -> Option<usize> {
+    if rows >= multiprocessors || t < PLAN_MIN_SEQUENCE {
+        return None;
+    }
+    let want = PLAN_ROWS_PER_MULTIPROCESSOR * multiprocessors;
+    // The longest power of two shorter than the sequence, halved until the rows suffice.
+    let mut segment = t.next_power_of_two() / 2;
+    while segment > PLAN_MIN_SEGMENT && rows * t.div_ceil(segment) < want {
+        segment /= 2;
+    }
+    Some(segment.max(PLAN_MIN_SEGMENT))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::planned_segment;
+
+    /// The plan picks the measured winners and leaves the measured losers in one launch.
+    #[test]
+    fn the_plan_segments_long_sequences_with_few_rows_only() {
+        let h200 = 132;
+        // B = 1, T = 131,072, H = 48: segments of 8,192 (768 rows).
+        assert_eq!(planned_segment(48, 131_072, h200), Some(8192));
+        // The LM step at 8192 × 4 with 8 heads: the shortest segment, 1,024 (256 rows).
+        assert_eq!(planned_segment(32, 8192, h200), Some(1024));
+        // 768 rows (T = 8192 × 16, H = 48): the card is full, one launch.
+        assert_eq!(planned_segment(768, 8192, h200), None);
+        assert_eq!(planned_segment(h200, 1 << 20, h200), None);
+        // Short sequences: one launch, however few the rows.
+        assert_eq!(planned_segment(1, 4096, h200), None);
+        assert_eq!(planned_segment(1, 8191, h200), None);
+        // Not a power of two: segments shorter than the sequence, a partial last one.
+        assert_eq!(planned_segment(1, 10_000, h200), Some(1024));
+        assert_eq!(planned_segment(100, 8192, h200), Some(1024));
+        // Few multiprocessors: few segments.
+        assert_eq!(planned_segment(1, 8192, 1), None);
+        assert_eq!(planned_segment(1, 8192, 2), Some(1024));
+        assert_eq!(planned_segment(2, 65_536, 4), Some(8192));
+        for (rows, t, sms) in [(1, 9000, 132), (7, 200_000, 132), (3, 16_384, 8)] {
+            let s = planned_segment(rows, t, sms).unwrap();
+            assert!(
+                s.is_power_of_two() && s < t && s >= 1024,
+                "{rows} {t} {sms}: {s}"
+            );
+        }
+    }
+}

@@ -198,7 +198,7 @@ pub fn max_shared_memory(device: &CubeDevice) -> usize {
 }
 
 /// The multiprocessors of `device` (a guess of 1 where the runtime does not say).
-fn multiprocessors(device: &CubeDevice) -> usize {
+pub fn multiprocessors(device: &CubeDevice) -> usize {
     device
         .client()
         .properties()

@@ -285,9 +285,21 @@ pub(crate) fn cube_bf16_cmma(device: &burn_cubecl::CubeDevice) -> bool {
 }
 
 /// The fused op on a CubeCL device, or why it cannot run there (the caller falls back to the
-/// chunked form): one launch over the whole sequences.
+/// chunked form): one launch over the whole sequences, or — when the inputs are tracked for a
+/// backward on tensor cores and [`crate::ops::planned_segment`] says the sequences are too few
+/// and too long to fill the device — the kernels over aligned segments
+/// ([`crate::ops::segmented`]). The forward alone keeps one launch: it is faster there
+/// (B = 1, T = 131,072 on the H200: 36.6 ms against 65 over segments; bench/RESULTS.md).
 pub fn fused(x: &LogLinearInput) -> Result<Tensor<4>, String> {
-    fused_over(x, None)
+    let d = x.dims();
+    let tracked = [&x.q, &x.k, &x.v, &x.lambda].iter().any(|t| t.is_tracked()) || x.g.is_tracked();
+    let on_tensor_cores = crate::ops::on_tensor_cores(x.dtype(), d.n, bf16_cmma(&x.device()));
+    let segment = if tracked && on_tensor_cores {
+        crate::ops::planned_segment(d.b * d.h, d.t, multiprocessors(&x.q))
+    } else {
+        None
+    };
+    fused_over(x, segment)
 }
 
 /// [`fused`] over aligned segments of `segment` tokens (a power of two; `segment ≥ T`: the
@@ -382,6 +394,15 @@ pub fn mamba2(x: &LogLinearInput) -> Result<Tensor<4>, String> {
         x.g.clone().into_dispatch(),
     );
     Ok(Tensor::from_dispatch(o))
+}
+
+/// The multiprocessors of the device of `like` (1 where it has no CubeCL kernels).
+fn multiprocessors(like: &Tensor<4>) -> usize {
+    match like.device().inner().as_dispatch() {
+        DispatchDevice::Cube(cube) => launch::multiprocessors(cube),
+        #[allow(unreachable_patterns)]
+        _ => 1,
+    }
 }
 
 /// The shared memory one cube may use on the device of `like`.
