@@ -606,9 +606,10 @@ impl ExperimentConfig {
         if let Some(segment) = self.model.segment {
             if self.model.form != Some(FormName::Segmented) {
                 bail!(
-                    "model.segment applies to form = \"segmented\" only (form is {:?}): leave \
-                     the key out or set the form",
-                    self.model.form.unwrap_or_default()
+                    "model.segment applies to form = \"segmented\" only (form is \"{}\"): \
+                     leave the key out or set the form",
+                    // The config names: every form's is its variant's name in lower case.
+                    format!("{:?}", self.model.form.unwrap_or_default()).to_lowercase()
                 );
             }
             if !segment.is_power_of_two() {

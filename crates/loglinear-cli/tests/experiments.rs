@@ -246,7 +246,8 @@ fn the_default_form_is_auto_with_the_chunk() {
     );
     let err = segmented(&["model.form=fused", "model.segment=512"]).unwrap_err();
     assert!(
-        format!("{err:#}").contains("model.segment applies to form = \"segmented\""),
+        format!("{err:#}")
+            .contains("model.segment applies to form = \"segmented\" only (form is \"fused\")"),
         "{err:#}"
     );
     // Without a chunk: the library's usual one.
