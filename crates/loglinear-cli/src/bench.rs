@@ -720,7 +720,10 @@ fn lm_bench_config(
     let transformer = mode == "transformer";
     // `segmented:S` on the command line is the config's form and segment keys.
     let form_keys = match form.strip_prefix("segmented:") {
-        Some(segment) => format!("form = \"segmented\"\nsegment = {segment}"),
+        Some(_) => match parse_form(form, loglinear::ops::DEFAULT_CHUNK)? {
+            Form::Segmented { segment } => format!("form = \"segmented\"\nsegment = {segment}"),
+            other => unreachable!("parse_form({form:?}) gave {other}"),
+        },
         None => format!("form = \"{form}\""),
     };
     let text = format!(

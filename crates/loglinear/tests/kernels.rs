@@ -96,6 +96,44 @@ fn fused_over_segments_matches_reference() {
     }
 }
 
+/// `Form::Fused` in training: one sequence of 8,192 tokens and one head leaves the card idle in
+/// one launch, so with tensor cores the plan takes segments of 1,024 — output and all gradients
+/// against the f64 reference through `Form::Fused` itself (`check_fused_segments` with `None`).
+#[test]
+fn fused_trains_long_sequences_with_few_heads_in_planned_segments() {
+    let device = device();
+    if !loglinear::ops::fused::bf16_cmma(&device) {
+        eprintln!(
+            "skipped: the plan segments on tensor cores only (run on CUDA: scripts/gpu-test.sh)"
+        );
+        return;
+    }
+    let dims = Dims {
+        b: 1,
+        t: 8192,
+        h: 1,
+        n: 64,
+        p: 64,
+        l: num_levels(8192),
+    };
+    let x = loglinear::ops::LogLinearInput::random(dims, 1, DType::BF16, &device);
+    assert_eq!(
+        loglinear::ops::fused::training_segment(&x),
+        Some(1024),
+        "{dims:?}: the plan should cut segments here"
+    );
+    let seed = test_seed(0x91a4);
+    let results = check_fused_segments(&device, dims, DType::BF16, DType::F32, seed, None)
+        .unwrap_or_else(|why| panic!("{dims:?}: the kernels did not run: {why}"));
+    for (name, c) in results.into_iter().take(6) {
+        assert!(
+            !c.non_finite && c.max_rel <= 2e-2,
+            "{dims:?} seed {seed}: {name} max_rel {:.2e} (tolerance 2e-2)",
+            c.max_rel
+        );
+    }
+}
+
 #[test]
 fn fused_matches_reference_at_awkward_lengths() {
     for t in [1, 7, 33, 70, 200] {

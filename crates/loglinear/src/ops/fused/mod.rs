@@ -286,20 +286,22 @@ pub(crate) fn cube_bf16_cmma(device: &burn_cubecl::CubeDevice) -> bool {
 
 /// The fused op on a CubeCL device, or why it cannot run there (the caller falls back to the
 /// chunked form): one launch over the whole sequences, or — when the inputs are tracked for a
-/// backward on tensor cores and [`crate::ops::planned_segment`] says the sequences are too few
-/// and too long to fill the device — the kernels over aligned segments
-/// ([`crate::ops::segmented`]). The forward alone keeps one launch: it is faster there
-/// (B = 1, T = 131,072 on the H200: 36.6 ms against 65 over segments; bench/RESULTS.md).
+/// backward — over the segments of [`training_segment`]. The forward alone keeps one launch: it
+/// is faster there (B = 1, T = 131,072 on the H200: 36.6 ms against 65 over segments;
+/// bench/RESULTS.md).
 pub fn fused(x: &LogLinearInput) -> Result<Tensor<4>, String> {
-    let d = x.dims();
     let tracked = [&x.q, &x.k, &x.v, &x.lambda].iter().any(|t| t.is_tracked()) || x.g.is_tracked();
-    let on_tensor_cores = crate::ops::on_tensor_cores(x.dtype(), d.n, bf16_cmma(&x.device()));
-    let segment = if tracked && on_tensor_cores {
-        crate::ops::planned_segment(d.b * d.h, d.t, multiprocessors(&x.q))
-    } else {
-        None
-    };
-    fused_over(x, segment)
+    fused_over(x, if tracked { training_segment(x) } else { None })
+}
+
+/// The segment length [`fused`] trains `x` with: [`crate::ops::planned_segment`] for its
+/// batch·heads, length and device, on tensor cores only (where the plan was measured); `None`
+/// for one launch over the whole sequence.
+pub fn training_segment(x: &LogLinearInput) -> Option<usize> {
+    let d = x.dims();
+    crate::ops::on_tensor_cores(x.dtype(), d.n, bf16_cmma(&x.device()))
+        .then(|| crate::ops::planned_segment(d.b * d.h, d.t, multiprocessors(&x.q)))
+        .flatten()
 }
 
 /// [`fused`] over aligned segments of `segment` tokens (a power of two; `segment ≥ T`: the
