@@ -12,14 +12,16 @@
 //! γ_t   = local inclusive cumsum of g within its segment,  c_j = γ at the end of segment j
 //! KS_j  = Σ_{s in j} e^{c_j − γ_s} k_s v_sᵀ                 one N×P state per segment (one product)
 //! for i = 1 ..: per period p of 2^i segments, C = inclusive cumsum of c over the period
-//!     K_p   = Σ_{j' in key half} e^{C_end(key half) − C_j'} KS_j'         (small tensors)
-//!     o_t  += λ[t, s+i] · e^{γ_t} · e^{C_{j−1} − C_end(key half)} · q_tᵀ K_p   for t in a query-half segment j
+//!     R_{j,i} = Σ_{j' in key half} e^{C_{j−1} − C_j'} KS_j'    for j in the query half, else 0
+//! o_t  += e^{γ_t} · Σ_i λ[t, s+i] · q_tᵀ R_{j,i}                 for t in segment j
 //! ```
 //!
 //! Every exponent is ≤ 0 (sums of log-decays over spans that end where they are read). The key
-//! side costs one product over the sequence for all levels; each level costs one product of the
-//! queries with their period's state and element-wise weights — the chunked form's level passes
-//! with the key side summarised per segment.
+//! side costs one product over the sequence for all levels; the per-level states `R` are small
+//! (`N×P` a segment); and the reads of all levels are one product a segment, the queries times
+//! the states side by side (`[R_{j,1} … R_{j,I}]`), weighted per level by `λ[t, s+i] e^{γ_t}` and
+//! summed: the chunked form's level passes with the key side summarised per segment and the
+//! levels side by side in one product.
 //!
 //! Why: the fused kernels walk a (batch·head)'s whole sequence in one cube, so a long sequence
 //! with few heads (B = 1 at T = 131,072) leaves most of a GPU idle; as segments it is
@@ -115,51 +117,56 @@ pub fn segmented(
     let ends = ends.reshape([b, h, ns]);
     let read_decay = gamma.exp().reshape([b, h, len]); // e^{γ_t}, [B, H, T']
 
-    let mut across = Tensor::<4>::zeros([b, h, len, p], (&x.device(), wide));
-    for i in 1..=bitlen(ns - 1) {
+    // Per level of the pairs across segments, the state each segment reads, decayed to the
+    // segment's start: a query-half segment j of a period of 2^i segments reads its key half's
+    // states, R_{j,i} = Σ_{j' in key half} e^{C_{j−1} − C_j'} KS_j'; a key-half segment reads
+    // nothing (R = 0). All small tensors: [B, H, NS, N·P] a level.
+    let across_levels = bitlen(ns - 1);
+    let mut level_states = Vec::with_capacity(across_levels);
+    for i in 1..=across_levels {
         let period = 1usize << i;
         let half = period / 2;
         let np = ns.div_ceil(period);
         let extra = np * period - ns; // whole segments of padding
-        let tokens = period * s;
-        // The period's key half, summed into one state decayed to the key half's end.
-        let cum = pad_zeros(ends.clone(), 2, 0, extra)
-            .reshape([b, h, np, period])
-            .cumsum(3); // C, [B, H, NP, 2^i]
+        let ends = pad_zeros(ends.clone(), 2, 0, extra).reshape([b, h, np, period]);
+        let cum = ends.clone().cumsum(3); // C, [B, H, NP, 2^i]
         let key_end = cum.clone().narrow(3, half - 1, 1); // [B, H, NP, 1]
         let key_weight = (key_end.clone() - cum.clone().narrow(3, 0, half)).exp();
         let key_states = pad_zeros(states.clone(), 2, 0, extra)
             .reshape([b, h, np, period, n * p])
             .narrow(3, 0, half);
-        let period_state = (key_states * key_weight.unsqueeze_dim(4))
-            .sum_dim(3)
-            .reshape([b, h, np, n, p]);
-        // Query-half segment j reads it decayed from the key half's end to its own start:
-        // e^{C_{j−1} − C_end(key half)}; the key half reads nothing (weight 0).
-        let before = cum.clone() - pad_zeros(ends.clone(), 2, 0, extra).reshape([b, h, np, period]);
-        let query_decay = (before.narrow(3, half, half) - key_end).exp(); // [B, H, NP, half]
-        let segment_weight = Tensor::cat(
-            vec![zeros_as(&query_decay, [b, h, np, half]), query_decay],
-            3,
-        );
-        // Levels above L − 1 are read only by padding queries (check_levels): clamped.
-        let level = (bitlen(s - 1) + i).min(d.l - 1);
-        let token_weight = pad_zeros(
-            lambda.clone().narrow(3, level, 1).reshape([b, h, len]) * read_decay.clone(),
-            2,
-            0,
-            extra * s,
-        )
-        .reshape([b, h, np, period, s])
-            * segment_weight.unsqueeze_dim(4); // [B, H, NP, 2^i, S]
-        // Every query of the period times its state, the key half weighted 0: twice the
-        // product's work, but the result is the whole sequence's contribution in place (no
-        // per-level concatenation of the query halves with zeros).
-        let queries = pad_zeros(q.clone(), 2, 0, extra * s).reshape([b, h, np, tokens, n]);
-        let read = matmul(queries, period_state.cast(dtype)).cast(wide)
-            * token_weight.reshape([b, h, np, tokens]).unsqueeze_dim(4); // [B, H, NP, 2^i·S, P]
-        across = across + read.reshape([b, h, np * tokens, p]).narrow(2, 0, len);
+        let period_state = (key_states * key_weight.unsqueeze_dim(4)).sum_dim(3); // [B, H, NP, 1, N·P]
+        // e^{C_{j−1} − C_end(key half)} for the query half's segments j.
+        let query_decay = ((cum - ends).narrow(3, half, half) - key_end).exp(); // [B, H, NP, half]
+        let read = period_state * query_decay.unsqueeze_dim(4); // [B, H, NP, half, N·P]
+        let state = Tensor::cat(vec![zeros_as(&read, [b, h, np, half, n * p]), read], 3)
+            .reshape([b, h, np * period, n * p])
+            .narrow(2, 0, ns);
+        level_states.push(state);
     }
+    // Every level in one product: token t of segment j reads q_tᵀ [R_{j,1} … R_{j,I}] (the
+    // states side by side, one [S, N] × [N, I·P] product a segment), then the weighted sum
+    // Σ_i λ[t, s+i] e^{γ_t} (q_tᵀ R_{j,i}) in f32. (Weighting the queries instead — [w_{t,1} q_t,
+    // …, w_{t,I} q_t] times the states stacked — moves I·N values a token instead of I·P, and
+    // Burn runs its two-sided broadcast unfused: 5 ms slower on the LM step, session 17.)
+    let states = Tensor::cat(
+        level_states
+            .into_iter()
+            .map(|r| r.reshape([b, h, ns, n, p]))
+            .collect(),
+        4,
+    ); // [B, H, NS, N, I·P]
+    let reads = matmul(q.reshape([b, h, ns, s, n]), states.cast(dtype)).cast(wide); // [B, H, NS, S, I·P]
+    // λ's levels s+1 .. s+I; those past L − 1 are read only by padding queries (check_levels):
+    // weight 0.
+    let first = bitlen(s - 1) + 1;
+    let present = across_levels.min(d.l - first);
+    let weight = pad_zeros(lambda.narrow(3, first, present), 3, 0, across_levels - present)
+        * read_decay.unsqueeze_dim(3); // [B, H, T', I]
+    let rows = b * h * len;
+    let across = (reads.reshape([rows, across_levels, p]) * weight.reshape([rows, across_levels, 1]))
+        .sum_dim(1)
+        .reshape([b, h, len, p]);
     let o = inside.cast(wide) + across.swap_dims(1, 2);
     o.narrow(1, 0, t).cast(dtype)
 }
@@ -179,10 +186,11 @@ const PLAN_ROWS_PER_MULTIPROCESSOR: usize = 4;
 /// whole sequence. Segments only where one launch leaves the card idle — fewer rows than
 /// multiprocessors, each walking a long sequence — and then the longest power of two that
 /// gives [`PLAN_ROWS_PER_MULTIPROCESSOR`] rows per multiprocessor, but no shorter than
-/// [`PLAN_MIN_SEGMENT`]. Measured on the H200 in bf16 (bench/RESULTS.md, session 16):
-/// forward+backward at B = 1, T = 131,072, H = 48 483 → 210 ms; the LM step at T = 8192 × 4
-/// (32 rows, segments of 1,024) 104.2 → 99.2 ms; at 768 rows (T = 8192 × 16) one launch is
-/// faster (116 vs 148 ms), so it is kept from `multiprocessors` rows up.
+/// [`PLAN_MIN_SEGMENT`]. Measured on the H200 in bf16 (bench/RESULTS.md, sessions 16–17):
+/// forward+backward at B = 1, T = 131,072, H = 48 483 → 189 ms (as `Form::Fused`, session 17);
+/// the LM step at T = 8192 × 4 (32 rows, segments of 1,024) 103.3 → 99.1 ms; at 768 rows
+/// (T = 8192 × 16) one launch is faster (115 vs 145 ms), so it is kept from `multiprocessors`
+/// rows up.
 pub fn planned_segment(rows: usize, t: usize, multiprocessors: usize) -> Option<usize> {
     if rows >= multiprocessors || t < PLAN_MIN_SEQUENCE {
         return None;
