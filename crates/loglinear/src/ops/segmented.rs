@@ -161,12 +161,17 @@ pub fn segmented(
     // weight 0.
     let first = bitlen(s - 1) + 1;
     let present = across_levels.min(d.l - first);
-    let weight = pad_zeros(lambda.narrow(3, first, present), 3, 0, across_levels - present)
-        * read_decay.unsqueeze_dim(3); // [B, H, T', I]
+    let levels = pad_zeros(
+        lambda.narrow(3, first, present),
+        3,
+        0,
+        across_levels - present,
+    );
+    let weight = levels * read_decay.unsqueeze_dim(3); // [B, H, T', I]
     let rows = b * h * len;
-    let across = (reads.reshape([rows, across_levels, p]) * weight.reshape([rows, across_levels, 1]))
-        .sum_dim(1)
-        .reshape([b, h, len, p]);
+    let weighted =
+        reads.reshape([rows, across_levels, p]) * weight.reshape([rows, across_levels, 1]);
+    let across = weighted.sum_dim(1).reshape([b, h, len, p]);
     let o = inside.cast(wide) + across.swap_dims(1, 2);
     o.narrow(1, 0, t).cast(dtype)
 }
