@@ -157,16 +157,9 @@ pub fn segmented(
         4,
     ); // [B, H, NS, N, I·P]
     let reads = matmul(q.reshape([b, h, ns, s, n]), states.cast(dtype)).cast(wide); // [B, H, NS, S, I·P]
-    // λ's levels s+1 .. s+I; those past L − 1 are read only by padding queries (check_levels):
-    // weight 0.
-    let first = bitlen(s - 1) + 1;
-    let present = across_levels.min(d.l - first);
-    let levels = pad_zeros(
-        lambda.narrow(3, first, present),
-        3,
-        0,
-        across_levels - present,
-    );
+    // λ's levels s+1 .. s+I: all present, since I = bitlen(⌊(T−1)/S⌋) = bitlen(T−1) − s and
+    // check_levels gave L ≥ bitlen(T−1) + 1.
+    let levels = lambda.narrow(3, bitlen(s - 1) + 1, across_levels); // [B, H, T', I]
     let weight = levels * read_decay.unsqueeze_dim(3); // [B, H, T', I]
     let rows = b * h * len;
     let weighted =
