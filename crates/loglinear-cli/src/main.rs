@@ -763,6 +763,13 @@ fn main() {
     if let Err(err) = result {
         // One line: the error and its context chain.
         eprintln!("error: {err:#}");
-        std::process::exit(1);
+        // A stop by a signal, checkpoint written: a distinct status, so that a sweep or a
+        // script resumes the run instead of reporting it failed.
+        let stopped = loglinear_cli::stop::is_stopped(&err);
+        std::process::exit(if stopped {
+            loglinear_cli::stop::EXIT_STOPPED
+        } else {
+            1
+        });
     }
 }

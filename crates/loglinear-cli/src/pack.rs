@@ -298,10 +298,11 @@ fn train_pack_from(
                     save_replica_checkpoint(&packed, &optim, i, r)?;
                 }
             }
-            bail!(
+            return Err(crate::stop::Stopped(format!(
                 "stopped by a signal after {ticks} pack steps, with a checkpoint of every \
                  unfinished run's last step: the same sweep again (or `--resume`) continues"
-            );
+            ))
+            .into());
         }
         if opts.stop_after.is_some_and(|n| ticks >= n) {
             bar.abandon();

@@ -9,6 +9,22 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 static REQUESTED: AtomicBool = AtomicBool::new(false);
 
+/// The exit status of a command that stopped by a signal after writing its checkpoint (75,
+/// `EX_TEMPFAIL` of sysexits.h: "try again later"), so that a sweep, a scheduler or a script
+/// tells a run to resume from one that failed.
+pub const EXIT_STOPPED: i32 = 75;
+
+/// The error a training loop returns when it stopped by a signal, its checkpoint written; the
+/// message says where to resume from. `main` exits with [`EXIT_STOPPED`] on it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Stopped(pub String);
+
+/// Whether `err` (or an error in its context chain) is a [`Stopped`].
+pub fn is_stopped(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| e.is::<Stopped>())
+}
+
 /// Catches SIGTERM and SIGINT from now on (Unix; elsewhere nothing changes). Only for commands
 /// whose loops call [`requested`]: any other would no longer stop on SIGTERM at all.
 pub fn install() {

@@ -349,6 +349,10 @@ fn run_children(
         for (name, slot, mut child) in running {
             match child.try_wait()? {
                 Some(status) if status.success() => eprintln!("{name}: finished"),
+                // Its own stop, not a failure: the checkpoint is written (see train.log).
+                Some(status) if status.code() == Some(crate::stop::EXIT_STOPPED) => {
+                    eprintln!("{name}: stopped by the signal, with a checkpoint of its last step")
+                }
                 Some(status) => {
                     eprintln!("{name}: FAILED ({status}); see its train.log");
                     failed.push(name);
@@ -358,11 +362,13 @@ fn run_children(
         }
         running = still;
     }
-    if stopping {
-        anyhow::bail!(
-            "stopped by a signal: runs that were running wrote a checkpoint of their last step \
-             (see their train.log); the same sweep again continues"
-        );
+    if stopping && failed.is_empty() {
+        return Err(crate::stop::Stopped(
+            "stopped by a signal: the runs that were running wrote a checkpoint of their last \
+             step (see their train.log); the same sweep again continues"
+                .into(),
+        )
+        .into());
     }
     if !failed.is_empty() {
         anyhow::bail!("{} sweep runs failed: {}", failed.len(), failed.join("; "));

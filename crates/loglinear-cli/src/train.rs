@@ -494,12 +494,13 @@ pub fn train(cfg: &ExperimentConfig, opts: &RunOptions) -> Result<RunSummary> {
             if latest != Some(state.step) && state.step > 0 {
                 replicas.save_checkpoint(out, &state)?;
             }
-            bail!(
+            return Err(crate::stop::Stopped(format!(
                 "stopped by a signal at step {}, with a checkpoint of that step in {}: \
                  `--resume` continues from there",
                 state.step,
                 checkpoint::checkpoint_root(out).display()
-            );
+            ))
+            .into());
         }
         if opts
             .stop_after

@@ -462,6 +462,11 @@ fn sigterm_checkpoints_the_step_and_resume_matches_an_uninterrupted_run() {
         "the run finished before the signal: {err}"
     );
     assert!(err.contains("stopped by a signal at step"), "{err}");
+    assert_eq!(
+        out.status.code(),
+        Some(loglinear_cli::stop::EXIT_STOPPED),
+        "a stop by a signal has its own exit status: {err}"
+    );
     let step: usize = err
         .split("stopped by a signal at step ")
         .nth(1)

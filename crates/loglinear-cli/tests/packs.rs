@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use loglinear_cli::stop::EXIT_STOPPED;
 use loglinear_cli::train::read_metrics;
 
 /// Tiny MQAR runs; the sweep crosses two λ modes of one parameter layout, two seeds and two
@@ -334,6 +335,7 @@ fn a_killed_pack_resumes_to_the_metrics_of_one_that_was_not() {
             "the sweep finished before the signal: {err}"
         );
         assert!(err.contains("stopped by a signal"), "{err}");
+        assert_eq!(out.status.code(), Some(EXIT_STOPPED), "{err}");
         let steps: Vec<String> = runs(&stopped)
             .iter()
             .map(|r| fs::read_to_string(r.join("checkpoints/latest")).unwrap())
@@ -346,6 +348,64 @@ fn a_killed_pack_resumes_to_the_metrics_of_one_that_was_not() {
         for (a, b) in runs(&whole).iter().zip(&runs(&stopped)) {
             assert_same_metrics(a, b, 0.0);
         }
+
+        // With --jobs 2 the packs are child processes (the GPU sweeps' layout): each one's stop
+        // is reported as a stop with its checkpoint, not as a failure, and the sweep exits with
+        // the stop's status; the same sweep again finishes every run.
+        let parallel = tmp.path().join("parallel");
+        let sweep_args = ["--pack", "2", "--jobs", "2"];
+        let child = bin()
+            .arg("sweep")
+            .arg(&config)
+            .arg("--out")
+            .arg(&parallel)
+            .args(sweep_args)
+            .process_group(0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        for run in ["lambda=mlp_softplus,seed=3", "lambda=mlp_softmax,seed=3"] {
+            wait_for_checkpoint(
+                &parallel.join(run).join("checkpoints/latest"),
+                "ckpt-00000030",
+                Duration::from_secs(300),
+            );
+        }
+        // SAFETY: kill(2) of the process group the sweep leads.
+        assert_eq!(
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGTERM) },
+            0
+        );
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(EXIT_STOPPED), "{err}");
+        assert_eq!(
+            err.matches("stopped by the signal, with a checkpoint")
+                .count(),
+            2,
+            "both packs report their stop: {err}"
+        );
+        assert!(!err.contains("FAILED"), "a stop is no failure: {err}");
+        assert!(
+            runs(&parallel)
+                .iter()
+                .all(|r| r.join("checkpoints/latest").exists() && !r.join("summary.json").exists()),
+            "every run stopped with a checkpoint"
+        );
+        run_ok(
+            bin()
+                .arg("sweep")
+                .arg(&config)
+                .arg("--out")
+                .arg(&parallel)
+                .args(sweep_args),
+        );
+        assert!(
+            runs(&parallel)
+                .iter()
+                .all(|r| r.join("summary.json").exists())
+        );
     }
 }
 
