@@ -279,6 +279,7 @@ fn run_children(
     // (label, device index, child)
     let mut running: Vec<(String, usize, std::process::Child)> = Vec::new();
     let mut failed = Vec::new();
+    let mut stopped = Vec::new();
     let mut stopping = false;
     loop {
         // A stop asked for by a signal: no new run starts; the running ones (signalled with
@@ -351,7 +352,8 @@ fn run_children(
                 Some(status) if status.success() => eprintln!("{name}: finished"),
                 // Its own stop, not a failure: the checkpoint is written (see train.log).
                 Some(status) if status.code() == Some(crate::stop::EXIT_STOPPED) => {
-                    eprintln!("{name}: stopped by the signal, with a checkpoint of its last step")
+                    eprintln!("{name}: stopped by the signal, with a checkpoint of its last step");
+                    stopped.push(name);
                 }
                 Some(status) => {
                     eprintln!("{name}: FAILED ({status}); see its train.log");
@@ -362,16 +364,17 @@ fn run_children(
         }
         running = still;
     }
-    if stopping && failed.is_empty() {
+    if !failed.is_empty() {
+        anyhow::bail!("{} sweep runs failed: {}", failed.len(), failed.join("; "));
+    }
+    // The sweep's own stop, or runs signalled alone: unfinished either way, so not a success.
+    if stopping || !stopped.is_empty() {
         return Err(crate::stop::Stopped(
             "stopped by a signal: the runs that were running wrote a checkpoint of their last \
              step (see their train.log); the same sweep again continues"
                 .into(),
         )
         .into());
-    }
-    if !failed.is_empty() {
-        anyhow::bail!("{} sweep runs failed: {}", failed.len(), failed.join("; "));
     }
     Ok(())
 }
