@@ -278,6 +278,10 @@ struct SummarizeArgs {
     /// comparison over all K; written to summary_pooled_<keys>.md beside summary.md.
     #[arg(long, value_delimiter = ',')]
     pool: Vec<String>,
+    /// Read every run as of this step (its evaluations at steps ≤ N only), to compare runs cut
+    /// short at different steps at one training length; written to summary_at_step_<N>.md.
+    #[arg(long)]
+    at_step: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -553,13 +557,10 @@ fn run_summarize(args: SummarizeArgs) -> Result<()> {
         compare: args.compare,
         baseline: args.baseline,
         pool: args.pool,
+        at_step: args.at_step,
     };
     let rows = sweep::summarise_with(&args.dir, &options)?;
-    let written = if options.pool.is_empty() {
-        "summary.md".to_string()
-    } else {
-        sweep::pooled_summary_name(&options.pool)
-    };
+    let written = sweep::summary_file_name(&options);
     print!("{}", std::fs::read_to_string(args.dir.join(written))?);
     println!(
         "\n{} settings summarised in {}",

@@ -502,6 +502,29 @@ pub fn summarise_with(sweep_dir: &Path, options: &SummaryOptions) -> Result<Vec<
                 None => continue,
             },
         };
+        let info = match options.at_step {
+            None => info,
+            Some(_) if info.summary.best_ppl.is_some() => anyhow::bail!(
+                "--at-step reads the held-out accuracies of a run's evaluations; {} is a \
+                 language model (its evaluations log perplexities)",
+                run_dir.display()
+            ),
+            // Finished by then: as it is.
+            Some(step) if !info.cut_short && info.summary.steps <= step => info,
+            // Still training at `step` (or cut short before it): its evaluations up to there.
+            Some(step) => {
+                let curve: Vec<(usize, f64)> =
+                    info.curve.into_iter().filter(|e| e.0 <= step).collect();
+                match partial_summary(&curve) {
+                    Some(summary) => RunInfo {
+                        summary,
+                        curve,
+                        cut_short: true,
+                    },
+                    None => continue,
+                }
+            }
+        };
         let setting: Vec<(String, String)> = point
             .values
             .iter()
@@ -571,16 +594,31 @@ pub fn summarise_with(sweep_dir: &Path, options: &SummaryOptions) -> Result<Vec<
         .collect();
     let keys: Vec<String> = index.keys.iter().filter(|k| !pooled(k)).cloned().collect();
     let mut markdown = summary_markdown(&rows, &keys, &index);
+    if let Some(step) = options.at_step {
+        // A view as of one step, beside the sweep's own summary, which it leaves alone.
+        markdown = markdown.replacen(
+            "# Sweep summary\n\n",
+            &format!(
+                "# Sweep summary as of step {step}\n\nEvery run read as of step {step}: only \
+                 its evaluations at steps ≤ {step} count (`summarize --at-step {step}`); a run \
+                 still training then is marked as cut short at its last evaluation by then.\n\n"
+            ),
+            1,
+        );
+    }
     if !options.pool.is_empty() {
-        // A pooled view is written beside the sweep's own summary, which it leaves alone.
         let over = options.pool.join(", ");
         markdown = markdown.replacen(
             "over seeds (n = seeds finished)",
             &format!("over seeds and the values of {over}, pooled (n = runs finished)"),
             1,
         );
+    }
+    if !options.pool.is_empty() || options.at_step.is_some() {
+        // A pooled view, or one as of a step, is written beside the sweep's own summary, which
+        // it leaves alone.
         markdown.push_str(&crate::compare::comparisons(&rows, options));
-        fs::write(sweep_dir.join(pooled_summary_name(&options.pool)), markdown)?;
+        fs::write(sweep_dir.join(summary_file_name(options)), markdown)?;
         return Ok(rows);
     }
     fs::write(sweep_dir.join("summary.csv"), summary_csv(&rows, &keys))?;
@@ -594,6 +632,23 @@ pub fn summarise_with(sweep_dir: &Path, options: &SummaryOptions) -> Result<Vec<
 /// The file a summary pooled over `keys` is written to: `summary_pooled_<keys>.md`.
 pub fn pooled_summary_name(keys: &[String]) -> String {
     format!("summary_pooled_{}.md", keys.join("+"))
+}
+
+/// The file `summarize` writes its markdown to with `options`: `summary.md`, or beside it
+/// `summary_pooled_<keys>.md` (with `--pool`) and `summary[_pooled_<keys>]_at_step_<N>.md` (with
+/// `--at-step`), which leave `summary.md` alone.
+pub fn summary_file_name(options: &SummaryOptions) -> String {
+    let base = if options.pool.is_empty() {
+        "summary".to_string()
+    } else {
+        pooled_summary_name(&options.pool)
+            .trim_end_matches(".md")
+            .to_string()
+    };
+    match options.at_step {
+        Some(step) => format!("{base}_at_step_{step}.md"),
+        None => format!("{base}.md"),
+    }
 }
 
 /// How `summarize` compares the values of one swept key (by default the λ modes).
@@ -610,6 +665,10 @@ pub struct SummaryOptions {
     /// Swept keys whose values are pooled like seeds (e.g. `task.num_kv_pairs`: one comparison
     /// over all K); the result goes to [`pooled_summary_name`], not `summary.md`.
     pub pool: Vec<String>,
+    /// Read every run as of this step: only its evaluations at steps ≤ N count, so runs that
+    /// stopped at different steps (cut short by a budget) are compared at the same training
+    /// length; the result goes to [`summary_file_name`], not `summary.md`.
+    pub at_step: Option<usize>,
 }
 
 impl Default for SummaryOptions {
@@ -620,6 +679,7 @@ impl Default for SummaryOptions {
             compare: LAMBDA_KEY.into(),
             baseline: "linear".into(),
             pool: Vec::new(),
+            at_step: None,
         }
     }
 }

@@ -246,3 +246,90 @@ fn pooling_a_swept_key_compares_over_all_its_values() {
         );
     }
 }
+
+/// `--at-step N` reads every run as of step N: runs cut short at different steps are compared
+/// at one training length, a run finished before N keeps its summary, and `summary.md` is left
+/// as it was.
+#[test]
+fn at_step_compares_runs_at_one_training_length() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // linear stopped at 3,000 (its best 0.30 at 3,000); mlp_softplus ran on to 5,000 and its
+    // best (0.60) came at 5,000, but by 3,000 it was at 0.20; `ones` finished at 2,000 (0.40).
+    let runs: [(&str, &[(usize, f64)], bool); 3] = [
+        ("linear", &[(1000, 0.10), (2000, 0.25), (3000, 0.30)], false),
+        (
+            "mlp_softplus",
+            &[
+                (1000, 0.10),
+                (2000, 0.15),
+                (3000, 0.20),
+                (4000, 0.50),
+                (5000, 0.60),
+            ],
+            false,
+        ),
+        ("ones", &[(1000, 0.20), (2000, 0.40)], true),
+    ];
+    let mut points = Vec::new();
+    for (mode, evals, finished) in runs {
+        let name = format!("lambda={mode},seed=0");
+        write_run(&dir.join(&name), evals, finished);
+        points.push(SweepPoint {
+            dir: name,
+            values: BTreeMap::from([
+                ("model.lambda".to_string(), mode.to_string()),
+                ("seed".to_string(), "0".to_string()),
+            ]),
+        });
+    }
+    let index = SweepIndex {
+        keys: vec!["model.lambda".into(), "seed".into()],
+        points,
+    };
+    fs::write(dir.join("sweep.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    let best = |rows: &[loglinear_cli::sweep::SummaryRow], mode: &str| {
+        let row = rows
+            .iter()
+            .find(|r| r.setting.get("model.lambda").map(String::as_str) == Some(mode))
+            .unwrap();
+        (row.best.0, row.last.0)
+    };
+    let whole = summarise_with(dir, &SummaryOptions::default()).unwrap();
+    assert_eq!(best(&whole, "mlp_softplus"), (0.60, 0.60));
+    let main = fs::read_to_string(dir.join("summary.md")).unwrap();
+
+    let options = SummaryOptions {
+        at_step: Some(3000),
+        ..SummaryOptions::default()
+    };
+    let at = summarise_with(dir, &options).unwrap();
+    assert_eq!(best(&at, "mlp_softplus"), (0.20, 0.20), "as of step 3,000");
+    assert_eq!(best(&at, "linear"), (0.30, 0.30));
+    assert_eq!(best(&at, "ones"), (0.40, 0.40), "finished before: as it is");
+    let md = fs::read_to_string(dir.join("summary_at_step_3000.md")).unwrap();
+    assert!(md.contains("as of step 3000"), "{md}");
+    assert!(
+        md.contains("over seeds (n = seeds finished)"),
+        "not pooled: {md}"
+    );
+    assert!(
+        md.contains("| mlp_softplus | 1 (1 cut short, at step 3000) |"),
+        "{md}"
+    );
+    assert!(md.contains("| ones | 1 |"), "{md}");
+    assert_eq!(
+        fs::read_to_string(dir.join("summary.md")).unwrap(),
+        main,
+        "summary.md is left alone"
+    );
+    // Pooled and as of a step: both in the name.
+    assert_eq!(
+        loglinear_cli::sweep::summary_file_name(&SummaryOptions {
+            pool: vec!["task.num_kv_pairs".into()],
+            at_step: Some(5000),
+            ..SummaryOptions::default()
+        }),
+        "summary_pooled_task.num_kv_pairs_at_step_5000.md"
+    );
+}
