@@ -312,6 +312,13 @@ resume:*)
     # NAME-state-NN.tar or, compressed to fit a call's carry, NAME-state-NN.tar.xz: the pieces
     # of one tar stream, in the order of NN.
     parts=(bin-gpu/parts/$name-state-*.tar bin-gpu/parts/$name-state-*.tar.xz)
+    # A warm machine that ran this sweep in an earlier call still has its newest state in
+    # $dir; the carried parts are older (the call's files come back after it), so they are
+    # not restored over it.
+    if [[ -d $dir ]] && (( ${#parts[@]} )); then
+        echo "$dir exists (a warm machine): its state is newer than the ${#parts[@]} carried parts, which are left unused"
+        parts=()
+    fi
     if (( ${#parts[@]} )); then
         for p in $(printf '%s\n' "${parts[@]}" | sort); do
             if [[ $p == *.xz ]]; then xz -dc "$p"; else cat "$p"; fi
