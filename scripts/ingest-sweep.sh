@@ -11,8 +11,9 @@
 #        BIN: a loglinear binary for `summarize` (default, or given as "": the release build of this
 #        checkout, built if missing); the options after it go to `summarize` (e.g. --by-steps 5000).
 set -euo pipefail
-archive=${1:?usage: scripts/ingest-sweep.sh NAME-metrics.tgz DEST [BIN]}
-dest=${2:?usage: scripts/ingest-sweep.sh NAME-metrics.tgz DEST [BIN]}
+usage="usage: scripts/ingest-sweep.sh NAME-metrics.tgz DEST [BIN [SUMMARIZE-OPTION...]]"
+archive=${1:?$usage}
+dest=${2:?$usage}
 bin=${3:-}
 shift $(( $# < 3 ? $# : 3 ))
 name=$(basename "$archive" -metrics.tgz)
@@ -34,9 +35,10 @@ for run in "$tmp/$name"/*/; do
     runs=$((runs + 1))
 done
 if [[ -f $tmp/$name/sweep.json ]]; then cp "$tmp/$name/sweep.json" "$dest/"; fi
-# The GPU machine's folders: /tmp/sweeps/NAME/… becomes a path relative to the sweep.
-{ grep -rlE "/tmp/sweeps/|/root/" "$dest" --include='*.toml' --include='*.json' --include='*.log' || true; } |
-    while read -r f; do sed -i -e "s|/tmp/sweeps/$name/||g" -e "s|/tmp/sweeps/||g" -e "s|/root/out/||g" "$f"; done
+# gpu-run.sh trains its sweeps in the GPU machine's /tmp/sweeps/NAME (a run signalled mid-way
+# logs its checkpoint folder there): such paths become paths relative to the sweep.
+{ grep -rl "/tmp/sweeps/" "$dest" --include='*.toml' --include='*.json' --include='*.log' || true; } |
+    while read -r f; do sed -i -e "s|/tmp/sweeps/$name/||g" -e "s|/tmp/sweeps/||g" "$f"; done
 echo "$runs runs of $name copied into $dest"
 if [[ -z $bin ]]; then
     bin=target/release/loglinear

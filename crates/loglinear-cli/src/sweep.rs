@@ -279,7 +279,7 @@ fn run_children(
     // (label, device index, child)
     let mut running: Vec<(String, usize, std::process::Child)> = Vec::new();
     let mut failed = Vec::new();
-    let mut stopped = Vec::new();
+    let mut any_stopped = false;
     let mut stopping = false;
     loop {
         // A stop asked for by a signal: no new run starts; the running ones (signalled with
@@ -353,7 +353,7 @@ fn run_children(
                 // Its own stop, not a failure: the checkpoint is written (see train.log).
                 Some(status) if status.code() == Some(crate::stop::EXIT_STOPPED) => {
                     eprintln!("{name}: stopped by the signal, with a checkpoint of its last step");
-                    stopped.push(name);
+                    any_stopped = true;
                 }
                 Some(status) => {
                     eprintln!("{name}: FAILED ({status}); see its train.log");
@@ -368,7 +368,7 @@ fn run_children(
         anyhow::bail!("{} sweep runs failed: {}", failed.len(), failed.join("; "));
     }
     // The sweep's own stop, or runs signalled alone: unfinished either way, so not a success.
-    if stopping || !stopped.is_empty() {
+    if stopping || any_stopped {
         return Err(crate::stop::Stopped(
             "stopped by a signal: the runs that were running wrote a checkpoint of their last \
              step (see their train.log); the same sweep again continues"
