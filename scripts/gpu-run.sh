@@ -302,9 +302,12 @@ resume:*)
     # values). Runs carried in bin-gpu/parts/NAME-state-*.tar (this step's parts from an earlier
     # call) are restored first: finished runs are skipped, the others resume from their last
     # checkpoint. Back: NAME-metrics.tgz (every run without its model files) and the state to
-    # resume from in ≤ 15 MiB parts NAME-state-NN.tar (each unfinished run's last checkpoint, no
-    # best/: ≈ 0.75 MB a run of the paper's MQAR model; `xz` them, ≈ 60 %, where the carry is
-    # tight: the step takes NAME-state-NN.tar.xz alike). $OUT also gets NAME.txt (the log's tail).
+    # resume from in parts NAME-state-NN.tar.xz (each unfinished run's last checkpoint, no
+    # best/: ≈ 0.75 MB a run of the paper's MQAR model, ≈ 60 % of it after xz; pieces of 15 MiB
+    # before compression), ready to carry into the next call as they come back: compressed here,
+    # on the GPU machine's cores, since the next call must start within the warm machine's idle
+    # time. The step takes uncompressed NAME-state-NN.tar alike. $OUT also gets NAME.txt (the
+    # log's tail).
     config=${s#resume:}
     name=$(basename "$config" .toml)
     dir=/tmp/sweeps/$name; mkdir -p /tmp/sweeps
@@ -352,6 +355,7 @@ resume:*)
             find "$r/checkpoints/$(cat "$r/checkpoints/latest")" -type f
         fi
     done | tar cf - -T - | split -b 15m -d - "$out/$name-state-" --additional-suffix=.tar)
+    for p in "$out/$name"-state-*.tar; do xz -T0 -6 "$p"; done
     ls -la "$out"/$name-*
     ;;
 cold-compile)
