@@ -1056,6 +1056,9 @@ fn plot_modes_only(dir: &Path, rows: &[SummaryRow]) -> Result<Vec<PathBuf>> {
 }
 
 /// Held-out accuracy (or perplexity for language models) against the step, one line per run.
+/// Beyond ten runs (the palette's colours) the runs of one setting (the same values but the
+/// seed) share a colour and one legend entry, `setting (n runs)`: thirty runs named one by one
+/// would fill the plot with their legend.
 fn plot_all_curves(dir: &Path, index: &SweepIndex) -> Result<Vec<PathBuf>> {
     let mut series = Vec::new();
     let mut lm = false;
@@ -1083,6 +1086,17 @@ fn plot_all_curves(dir: &Path, index: &SweepIndex) -> Result<Vec<PathBuf>> {
     if series.is_empty() {
         return Ok(Vec::new());
     }
+    if series.len() > 10 {
+        let settings: Vec<String> = series.iter().map(|s| setting_label(&s.name)).collect();
+        for (s, setting) in series.iter_mut().zip(&settings) {
+            let n = settings.iter().filter(|x| *x == setting).count();
+            let runs = if n == 1 { "run" } else { "runs" };
+            s.name = match setting.is_empty() {
+                true => format!("{n} {runs}"),
+                false => format!("{setting} ({n} {runs})"),
+            };
+        }
+    }
     let (title, y, opts) = if lm {
         (
             "Validation perplexity of every run",
@@ -1105,9 +1119,27 @@ fn plot_all_curves(dir: &Path, index: &SweepIndex) -> Result<Vec<PathBuf>> {
     report::line_plot(dir, "curves", title, "step", y, &series, &opts)
 }
 
+/// A run's folder name (`lambda=linear,seq_len=256,seed=3`) without its seed: the setting.
+fn setting_label(run: &str) -> String {
+    let seed = format!("{SEED_KEY}=");
+    let parts: Vec<&str> = run.split(',').filter(|p| !p.starts_with(&seed)).collect();
+    parts.join(",")
+}
+
 #[cfg(test)]
 mod tests {
-    use super::concurrency_warning;
+    use super::{concurrency_warning, setting_label};
+
+    #[test]
+    fn a_runs_setting_is_its_name_without_the_seed() {
+        assert_eq!(
+            setting_label("lambda=linear,seq_len=256,seed=3"),
+            "lambda=linear,seq_len=256"
+        );
+        assert_eq!(setting_label("seed=0,lr=0.001"), "lr=0.001");
+        assert_eq!(setting_label("seed=4"), "");
+        assert_eq!(setting_label("lambda=ones"), "lambda=ones");
+    }
 
     #[test]
     fn warns_only_for_many_single_runs_at_once_on_a_gpu() {

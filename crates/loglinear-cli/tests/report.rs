@@ -253,6 +253,95 @@ fn line_plot_training_curves_long_and_log() {
     check(&paths, "loss_lin");
 }
 
+/// How many SVG `<text>` elements hold exactly `needle`.
+fn text_count(svg: &str, needle: &str) -> usize {
+    svg.split("<text")
+        .skip(1)
+        .filter(|t| {
+            t.split_once('>')
+                .and_then(|(_, rest)| rest.split_once("</text>"))
+                .is_some_and(|(content, _)| content.trim() == needle)
+        })
+        .count()
+}
+
+#[test]
+fn line_plot_series_of_one_name_share_a_colour_and_a_legend_entry() {
+    let (_t, dir) = out_dir("line_shared_names");
+    // twelve runs of three settings (four seeds each), interleaved as a sweep lists them
+    let names = [
+        "linear (4 runs)",
+        "mlp_softplus (4 runs)",
+        "mlp_softmax (4 runs)",
+    ];
+    let series: Vec<Series> = (0..12)
+        .map(|i| {
+            let (setting, seed) = (i % 3, i / 3);
+            let level = 20.0 + 25.0 * setting as f64 + 3.0 * seed as f64;
+            let pts = (0..300)
+                .map(|s| (s as f64 * 100.0, level + (s as f64 * 0.1).sin()))
+                .collect();
+            Series::new(names[setting], pts)
+        })
+        .collect();
+    let opts = LineOpts {
+        y_range: Some((0.0, 100.0)),
+        ..Default::default()
+    };
+    let paths = line_plot(
+        &dir,
+        "runs",
+        "Held-out accuracy of every run",
+        "step",
+        "accuracy (%)",
+        &series,
+        &opts,
+    )
+    .unwrap();
+    let (png, svg) = check(&paths, "runs");
+    for name in names {
+        assert_eq!(text_count(&svg, name), 1, "legend entries {name:?}");
+    }
+    // three colours, the settings'; none of the palette's fourth to twelfth
+    for color in [BLUE, ORANGE, GREEN] {
+        let n = png.count(color, 8, PLOT);
+        assert!(n > 1_000, "{color:?}: {n} pixels in the plot");
+    }
+    for color in [(214, 39, 40), (148, 103, 189), (140, 86, 75)] {
+        let n = png.count(color, 8, (0.0, 0.0, 1.0, 1.0));
+        assert!(
+            n < 20,
+            "{color:?}: {n} pixels: a run got a colour of its own"
+        );
+    }
+
+    // Twelve settings: tab20, whose second colour (light blue) tab10 lacks, so none repeats.
+    let series: Vec<Series> = (0..12)
+        .map(|i| {
+            let pts = (0..300)
+                .map(|s| (s as f64 * 100.0, 5.0 + 7.5 * i as f64))
+                .collect();
+            Series::new(format!("setting {i}"), pts)
+        })
+        .collect();
+    let paths = line_plot(
+        &dir,
+        "settings",
+        "Twelve settings",
+        "step",
+        "accuracy (%)",
+        &series,
+        &opts,
+    )
+    .unwrap();
+    let (png, svg) = check(&paths, "settings");
+    assert_eq!(text_count(&svg, "setting 11"), 1);
+    for color in [BLUE, (174, 199, 232), (196, 156, 148)] {
+        let n = png.count(color, 8, PLOT);
+        assert!(n > 300, "{color:?}: {n} pixels in the plot");
+    }
+}
+
 #[test]
 fn line_plot_edge_cases_do_not_panic() {
     let (_t, dir) = out_dir("line_edge");

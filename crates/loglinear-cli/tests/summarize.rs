@@ -106,6 +106,22 @@ fn solved_counts_intervals_and_comparisons() {
     };
     let rows = summarise_with(dir, &options).unwrap();
     assert_eq!(rows.len(), 3);
+    // Twelve curves: one colour and legend entry per setting, its runs counted (the run cut
+    // short included, the one without evaluations not).
+    let curves = fs::read_to_string(dir.join("curves.svg")).unwrap();
+    let texts: Vec<&str> = (curves.split("<text").skip(1))
+        .filter_map(|t| t.split_once('>')?.1.split_once("</text>"))
+        .map(|(content, _)| content.trim())
+        .collect();
+    for entry in [
+        "lambda=linear (5 runs)",
+        "lambda=mlp_softplus (5 runs)",
+        "lambda=mlp_softmax (3 runs)",
+    ] {
+        let n = texts.iter().filter(|t| **t == entry).count();
+        assert_eq!(n, 1, "{entry:?} in curves.svg: {texts:?}");
+    }
+    assert!(!curves.contains("seed=0"), "a run named in the legend");
     let md = fs::read_to_string(dir.join("summary.md")).unwrap();
     let row_of = |mode: &str| {
         md.lines()

@@ -36,6 +36,18 @@ pub(super) fn palette(i: usize) -> RGBColor {
     RGBColor((c >> 16) as u8, (c >> 8) as u8, c as u8)
 }
 
+/// matplotlib's "tab20" (tab10's colours, each followed by a lighter shade): for eleven to twenty
+/// things to tell apart, where tab10 would repeat its colours.
+pub(super) fn palette20(i: usize) -> RGBColor {
+    const TAB20: [u32; 20] = [
+        0x1f77b4, 0xaec7e8, 0xff7f0e, 0xffbb78, 0x2ca02c, 0x98df8a, 0xd62728, 0xff9896, 0x9467bd,
+        0xc5b0d5, 0x8c564b, 0xc49c94, 0xe377c2, 0xf7b6d2, 0x7f7f7f, 0xc7c7c7, 0xbcbd22, 0xdbdb8d,
+        0x17becf, 0x9edae5,
+    ];
+    let c = TAB20[i % TAB20.len()];
+    RGBColor((c >> 16) as u8, (c >> 8) as u8, c as u8)
+}
+
 /// Figures are laid out in logical pixels; `k` device pixels make one (2 in the supersampled
 /// PNG, 1 in the SVG).
 #[derive(Clone, Copy)]

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use plotters::prelude::*;
 
-use super::chart::{Axis, chart, figure, house, legend, mark, min_max, note, padded, palette};
+use super::chart::{
+    Axis, chart, figure, house, legend, mark, min_max, note, padded, palette, palette20,
+};
 use super::{LineOpts, Series};
 
 /// Series up to this many points get markers and capped error bars; longer ones a band.
@@ -15,6 +17,8 @@ const MARKER_MAX: usize = 60;
 ///
 /// Short series (≤ 60 points) get dot markers and capped error bars; longer ones a translucent
 /// ± band. When all x are powers of two on a log x axis, ticks are placed at powers of two.
+/// Series that share a name share a colour and one legend entry (the seeds of one setting, say);
+/// beyond ten series the lines are drawn thinner, beyond ten names in tab20's twenty colours.
 pub fn line_plot(
     dir: &Path,
     stem: &str,
@@ -74,8 +78,25 @@ pub fn line_plot(
         let b = house(root, s, title);
         let mut c = chart(b, s, (x_label, y_label), axes, (true, true))?;
         let mut paths = vec![];
-        for (i, (name, pts)) in data.iter().enumerate() {
-            let (color, long) = (palette(i), pts.len() > MARKER_MAX);
+        // per distinct name, in order of first appearance: its colour's index
+        let mut names: Vec<&str> = vec![];
+        let width = if data.len() > 10 { 1.4 } else { 2.4 };
+        // tab10 while its colours suffice, tab20 (lighter shades between) up to twenty names
+        let mut distinct: Vec<&str> = data.iter().map(|d| d.0).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let colour = if distinct.len() > 10 {
+            palette20
+        } else {
+            palette
+        };
+        for (name, pts) in &data {
+            let first = !names.contains(name);
+            if first {
+                names.push(*name);
+            }
+            let i = names.iter().position(|n| n == name).expect("just added");
+            let (color, long) = (colour(i), pts.len() > MARKER_MAX);
             if long && pts.iter().any(|p| p[2] > 0.0) {
                 // the ± band: along the upper ends, back along the lower ones
                 let up = pts.iter().map(|p| (p[0], ends(p)[1]));
@@ -84,11 +105,16 @@ pub fn line_plot(
                 c.draw_series([band])?;
             }
             let line = pts.iter().map(|p| (p[0], p[1]));
-            let line = LineSeries::new(line, color.stroke_width(s.w(2.4)));
-            let label = format!("{name}{}", if pts.is_empty() { " (no data)" } else { "" });
-            let no_fill = TRANSPARENT.filled();
-            (c.draw_series(line)?.label(label))
-                .legend(move |at| mark(s, color.into(), !long, no_fill, at));
+            let line = LineSeries::new(line, color.stroke_width(s.w(width)));
+            let drawn = c.draw_series(line)?;
+            if first {
+                let empty = !data.iter().any(|(n, p)| n == name && !p.is_empty());
+                let label = format!("{name}{}", if empty { " (no data)" } else { "" });
+                let no_fill = TRANSPARENT.filled();
+                drawn
+                    .label(label)
+                    .legend(move |at| mark(s, color.into(), !long, no_fill, at));
+            }
             if !long {
                 // markers, with capped error bars where there is an error
                 let style = color.filled().stroke_width(s.w(1.6));
@@ -104,8 +130,8 @@ pub fn line_plot(
         if all().next().is_none() {
             note(&c, s, "no data")?;
         }
-        if data.len() > 1 || data.first().is_some_and(|(name, _)| !name.is_empty()) {
-            legend(&mut c, s, data.len(), &paths)?;
+        if names.len() > 1 || names.first().is_some_and(|name| !name.is_empty()) {
+            legend(&mut c, s, names.len(), &paths)?;
         }
         Ok(())
     })
