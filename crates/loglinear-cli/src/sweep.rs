@@ -1056,9 +1056,9 @@ fn plot_modes_only(dir: &Path, rows: &[SummaryRow]) -> Result<Vec<PathBuf>> {
 }
 
 /// Held-out accuracy (or perplexity for language models) against the step, one line per run.
-/// Beyond ten runs (the palette's colours) the runs of one setting (the same values but the
-/// seed) share a colour and one legend entry, `setting (n runs)`: thirty runs named one by one
-/// would fill the plot with their legend.
+/// Beyond ten runs (the palette's colours), where settings have several seeds, the runs of one
+/// setting (the same values but the seed) share a colour and one legend entry, `setting (n
+/// runs)`: thirty runs named one by one would fill the plot with their legend.
 fn plot_all_curves(dir: &Path, index: &SweepIndex) -> Result<Vec<PathBuf>> {
     let mut series = Vec::new();
     let mut lm = false;
@@ -1086,8 +1086,11 @@ fn plot_all_curves(dir: &Path, index: &SweepIndex) -> Result<Vec<PathBuf>> {
     if series.is_empty() {
         return Ok(Vec::new());
     }
-    if series.len() > 10 {
-        let settings: Vec<String> = series.iter().map(|s| setting_label(&s.name)).collect();
+    let settings: Vec<String> = series.iter().map(|s| setting_label(&s.name)).collect();
+    let seeds_repeat = settings
+        .iter()
+        .any(|a| settings.iter().filter(|b| *b == a).count() > 1);
+    if series.len() > 10 && seeds_repeat {
         for (s, setting) in series.iter_mut().zip(&settings) {
             let n = settings.iter().filter(|x| *x == setting).count();
             let runs = if n == 1 { "run" } else { "runs" };
