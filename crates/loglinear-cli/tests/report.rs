@@ -115,13 +115,21 @@ fn check(paths: &[PathBuf], stem: &str) -> (Png, String) {
     (png, svg)
 }
 
+/// How many SVG `<text>` elements hold exactly `needle`.
+fn text_count(svg: &str, needle: &str) -> usize {
+    svg.split("<text")
+        .skip(1)
+        .filter(|t| {
+            t.split_once('>')
+                .and_then(|(_, rest)| rest.split_once("</text>"))
+                .is_some_and(|(content, _)| content.trim() == needle)
+        })
+        .count()
+}
+
 /// `needle` appears as the content of an SVG `<text>` element.
 fn has_text(svg: &str, needle: &str) -> bool {
-    svg.split("<text").skip(1).any(|t| {
-        t.split_once('>')
-            .and_then(|(_, rest)| rest.split_once("</text>"))
-            .is_some_and(|(content, _)| content.trim() == needle)
-    })
+    text_count(svg, needle) > 0
 }
 
 fn assert_texts(svg: &str, needles: &[&str]) {
@@ -251,18 +259,6 @@ fn line_plot_training_curves_long_and_log() {
     )
     .unwrap();
     check(&paths, "loss_lin");
-}
-
-/// How many SVG `<text>` elements hold exactly `needle`.
-fn text_count(svg: &str, needle: &str) -> usize {
-    svg.split("<text")
-        .skip(1)
-        .filter(|t| {
-            t.split_once('>')
-                .and_then(|(_, rest)| rest.split_once("</text>"))
-                .is_some_and(|(content, _)| content.trim() == needle)
-        })
-        .count()
 }
 
 #[test]

@@ -78,24 +78,20 @@ pub fn line_plot(
         let b = house(root, s, title);
         let mut c = chart(b, s, (x_label, y_label), axes, (true, true))?;
         let mut paths = vec![];
-        // per distinct name, in order of first appearance: its colour's index
+        // the distinct names in order of first appearance: a name's place is its colour's index
         let mut names: Vec<&str> = vec![];
-        let width = if data.len() > 10 { 1.4 } else { 2.4 };
-        // tab10 while its colours suffice, tab20 (lighter shades between) up to twenty names
-        let mut distinct: Vec<&str> = data.iter().map(|d| d.0).collect();
-        distinct.sort_unstable();
-        distinct.dedup();
-        let colour = if distinct.len() > 10 {
-            palette20
-        } else {
-            palette
-        };
-        for (name, pts) in &data {
-            let first = !names.contains(name);
-            if first {
-                names.push(*name);
+        for (name, _) in &data {
+            if !names.contains(name) {
+                names.push(name);
             }
-            let i = names.iter().position(|n| n == name).expect("just added");
+        }
+        // tab10 while its colours suffice, tab20 (lighter shades between) up to twenty names
+        let colour = if names.len() > 10 { palette20 } else { palette };
+        let width = if data.len() > 10 { 1.4 } else { 2.4 };
+        for (j, (name, pts)) in data.iter().enumerate() {
+            let i = names.iter().position(|n| n == name).expect("listed above");
+            // the first series of a name carries its legend entry
+            let first = !data[..j].iter().any(|(n, _)| n == name);
             let (color, long) = (colour(i), pts.len() > MARKER_MAX);
             if long && pts.iter().any(|p| p[2] > 0.0) {
                 // the ± band: along the upper ends, back along the lower ones
