@@ -152,6 +152,7 @@ fn product<E: Float>(
             b,
             stage,
             u / 32,
+            THREADS / 32,
             rows,
             inner,
             cols,

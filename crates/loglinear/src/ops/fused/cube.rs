@@ -18,8 +18,14 @@
 
 use cubecl::prelude::*;
 
-/// Threads per cube.
+/// Units per cube of every kernel but the tensor-core backward pair.
 pub const THREADS: usize = 256;
+
+/// Units per cube of the tensor-core backward pair. Their shared memory (150–185 KB) leaves room
+/// for one cube per multiprocessor, so with 256 units each scheduler had two warps to choose
+/// from and issued in under a third of its cycles (Nsight Compute on the H200, bench/RESULTS.md
+/// session 22); 512 units double the warps at the same shared memory.
+pub const TC_BACKWARD_THREADS: usize = 512;
 
 /// The compile-time sizes of one launch, shared by every kernel: a kernel is compiled once per
 /// geometry (the planner in `launch.rs` chooses `chunk` and `pt`).
@@ -36,6 +42,9 @@ pub struct Geometry {
     /// Level states a cube keeps: the chunk levels of the sequence (for Mamba-2, one state once
     /// there is an earlier chunk).
     pub nlev: usize,
+    /// Units per cube ([`THREADS`], or [`TC_BACKWARD_THREADS`] for the tensor-core backward), a
+    /// multiple of 32.
+    pub threads: usize,
 }
 
 /// Number of bits of `x` (`bitlen(0) = 0`), the level of a pair at distance pattern `x = t ^ s`.
@@ -103,7 +112,7 @@ pub fn load_chunk<E: Float, G: Float>(
         idx += THREADS;
     }
     load_decays::<G>(
-        g, lambda, lam, graw, gam, kd, eg, u, t0, bi, h, seq, heads, chunk, levels,
+        g, lambda, lam, graw, gam, kd, eg, u, t0, bi, h, seq, heads, chunk, levels, THREADS,
     );
 }
 
@@ -128,6 +137,7 @@ pub fn load_decays<G: Float>(
     heads: usize,
     #[comptime] chunk: usize,
     #[comptime] levels: usize,
+    #[comptime] threads: usize,
 ) {
     let mut idx = u;
     while idx < comptime!(chunk * levels) {
@@ -137,7 +147,7 @@ pub fn load_decays<G: Float>(
             lv = f32::cast_from(lambda[row(bi, t, h, seq, heads, levels) + idx % levels]);
         }
         lam[idx] = lv;
-        idx += THREADS;
+        idx += threads;
     }
     if u < chunk {
         let t = t0 + u;

@@ -12,20 +12,22 @@ use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
 
 use super::backward::{anticausal_backward_kernel, causal_backward_kernel, key_lanes};
-use super::cube::{Geometry, THREADS, causal_kernel};
+use super::cube::{Geometry, TC_BACKWARD_THREADS, THREADS, causal_kernel};
 use super::tensor_core::{TILE, causal_tc_kernel, tc_shared_bytes};
 use super::tensor_core_backward::{
     anticausal_backward_tc_kernel, causal_backward_tc_kernel, tc_backward_shared_bytes,
 };
 use crate::fenwick::bitlen;
 
-/// Chunk size and value-tile width of one launch.
+/// Chunk size, value-tile width and units per cube of one launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Plan {
     /// Tokens per chunk (16, 32 or 64).
     pub chunk: usize,
     /// Value columns per cube (16, 32 or 64).
     pub pt: usize,
+    /// Units per cube ([`Kernels::threads`]).
+    pub threads: usize,
 }
 
 impl Plan {
@@ -38,6 +40,7 @@ impl Plan {
             pt: self.pt,
             levels,
             nlev,
+            threads: self.threads,
         }
     }
 }
@@ -70,10 +73,19 @@ impl Kernels {
         }
     }
 
+    /// Units per cube: [`TC_BACKWARD_THREADS`] for the tensor-core backward, whose shared memory
+    /// allows one cube per multiprocessor, else [`THREADS`].
+    pub fn threads(self) -> usize {
+        match self {
+            Kernels::TensorCoreBackward => TC_BACKWARD_THREADS,
+            _ => THREADS,
+        }
+    }
+
     /// Shared memory (bytes) of one cube (of the larger kernel of a pair) with tiles `plan`,
     /// key width `nk`, `levels` λ slots and `nlev` level states.
     fn shared_bytes(self, plan: Plan, nk: usize, levels: usize, nlev: usize) -> usize {
-        let Plan { chunk, pt } = plan;
+        let Plan { chunk, pt, .. } = plan;
         let bf16 = 2;
         match self {
             Kernels::Forward => forward_shared_bytes(chunk, pt, nk, levels, nlev),
@@ -115,14 +127,15 @@ pub fn plan(
         while pt < 64 && pt < width {
             pt *= 2;
         }
+        let threads = kernels.threads();
         while pt >= 16 {
-            let plan = Plan { chunk, pt };
-            // Every unit owns whole rows of the output tile: chunk·pt ≥ THREADS.
+            let plan = Plan { chunk, pt, threads };
+            // Every unit owns whole rows of the output tile: chunk·pt ≥ threads.
             let starved = parallel.is_some_and(|(cubes, sms)| {
-                pt > 16 && chunk * pt / 2 >= THREADS && cubes * width.div_ceil(pt) < 2 * sms
+                pt > 16 && chunk * pt / 2 >= threads && cubes * width.div_ceil(pt) < 2 * sms
             });
             if !starved
-                && chunk * pt >= THREADS
+                && chunk * pt >= threads
                 && kernels.shared_bytes(plan, nk, levels, nlev) <= max_shared
             {
                 return Some(plan);
@@ -323,7 +336,7 @@ fn causal_with(
     ];
     let [q, k, v, g, lambda] = [q, k, v, g, lambda].map(into_contiguous);
     let cubes = CubeCount::Static((bs * h) as u32, tiles as u32, 1);
-    let threads = CubeDim::new_1d(THREADS as u32);
+    let threads = CubeDim::new_1d(plan.threads as u32);
     macro_rules! launch {
         ($kernel:ident $(, $vector:expr)?) => {
             $kernel::launch(
@@ -393,7 +406,7 @@ pub fn backward(
     ];
     let [q, k, v, g, lambda, d_o] = [q, k, v, g, lambda, d_o].map(into_contiguous);
     let cubes = CubeCount::Static((bs * h) as u32, tiles as u32, 1);
-    let threads = CubeDim::new_1d(THREADS as u32);
+    let threads = CubeDim::new_1d(plan.threads as u32);
     // The causal kernel writes dq and dλ, the anticausal one dk and dv; the tensor-core pair
     // takes the vector size of its input loads first.
     macro_rules! launch {

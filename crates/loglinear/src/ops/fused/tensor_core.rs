@@ -32,8 +32,6 @@ use super::cube::{
 
 /// Edge of one tensor-core tile.
 pub const TILE: usize = crate::ops::TENSOR_CORE_TILE;
-/// Planes (warps of 32 lanes) per cube.
-pub const PLANES: usize = THREADS / 32;
 /// Byte alignment of the shared buffers that tiles are loaded from or stored to.
 pub const ALIGN: usize = 128;
 
@@ -66,6 +64,7 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
 ) {
     let (chunk, nk, pt) = comptime!((geo.chunk, geo.nk, geo.pt));
     let (levels, nlev) = comptime!((geo.levels, geo.nlev));
+    let (threads, planes) = comptime!((geo.threads, geo.threads / 32));
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
     let bi = bh / heads;
@@ -77,8 +76,8 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
     // Output mapping of the f32 accumulators in registers: lanes over value columns.
     let pc = u % pt;
     let rbase = u / pt;
-    let rstep = comptime!(THREADS / pt);
-    let rows_out = comptime!(chunk / (THREADS / pt));
+    let rstep = comptime!(threads / pt);
+    let rows_out = comptime!(chunk / (threads / pt));
     // The level states are read and written four floats at a time: offsets count vectors.
     let level_size = comptime!(nk * pt);
     let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt / 4);
@@ -120,20 +119,24 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
     for j in 0..n_chunks {
         let t0 = j * chunk;
         // (1) Load q, k (row-major) and the value tile in the input dtype; zero past the end.
-        load_rows::<E, N>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk);
-        load_rows::<E, N>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk);
         load_rows::<E, N>(
-            v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv,
+            q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads,
+        );
+        load_rows::<E, N>(
+            k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads,
+        );
+        load_rows::<E, N>(
+            v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv, threads,
         );
         load_decays::<G>(
             g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
-            chunk, levels,
+            chunk, levels, threads,
         );
 
         // (2) Scores Q Kᵀ, lower-triangular tiles (Kᵀ is K read column-major).
         tile_matmul::<E>(
-            &qb, &qb, &kb, &kb, &mut stage, plane, chunk, nk, chunk, false, ldk, true, ldk, FULL,
-            LOWER, EXACT, stage_size, lss,
+            &qb, &qb, &kb, &kb, &mut stage, plane, planes, chunk, nk, chunk, false, ldk, true, ldk,
+            FULL, LOWER, EXACT, stage_size, lss,
         );
         sync_cube();
         // Weights: e^{γi−γj} λ[i, ℓ(i,j)] below the diagonal, zero above.
@@ -151,14 +154,14 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
                 }
             }
             scratch[i * ldw + jj] = E::cast_from(s);
-            idx += THREADS;
+            idx += threads;
         }
         sync_cube();
 
         // (3) In-chunk output S̃ V.
         tile_matmul::<E>(
-            &scratch, &scratch, &vb, &vb, &mut stage, plane, chunk, chunk, pt, false, ldw, false,
-            ldv, LOWER, FULL, EXACT, stage_size, lso,
+            &scratch, &scratch, &vb, &vb, &mut stage, plane, planes, chunk, chunk, pt, false, ldw,
+            false, ldv, LOWER, FULL, EXACT, stage_size, lso,
         );
         sync_cube();
         let mut acc = Array::<f32>::new(rows_out);
@@ -186,11 +189,12 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
                     pt,
                     ldv,
                     false,
+                    threads,
                 );
                 sync_cube();
                 tile_matmul::<E>(
-                    &qb, &qb, &scratch, &scratch, &mut stage, plane, chunk, nk, pt, false, ldk,
-                    false, ldv, FULL, FULL, EXACT, stage_size, lso,
+                    &qb, &qb, &scratch, &scratch, &mut stage, plane, planes, chunk, nk, pt, false,
+                    ldk, false, ldv, FULL, FULL, EXACT, stage_size, lso,
                 );
                 sync_cube();
                 let f = scale[lvi];
@@ -224,17 +228,18 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
                 let i = idx / pt;
                 let c = idx % pt;
                 scratch[i * ldv + c] = E::cast_from(f32::cast_from(vb[i * ldv + c]) * kd[i]);
-                idx += THREADS;
+                idx += threads;
             }
             sync_cube();
             // Kᵀ (kd ⊙ V): Kᵀ is K read column-major.
             tile_matmul::<E>(
-                &kb, &kb, &scratch, &scratch, &mut stage, plane, nk, chunk, pt, true, ldk, false,
-                ldv, FULL, FULL, EXACT, stage_size, lso,
+                &kb, &kb, &scratch, &scratch, &mut stage, plane, planes, nk, chunk, pt, true, ldk,
+                false, ldv, FULL, FULL, EXACT, stage_size, lso,
             );
             sync_cube();
             merge_key_state(
                 states, &stage, &scale, &eg, u, j, state_base, chunk, nk, pt, lso, nlev, single,
+                threads,
             );
         }
         sync_storage();
@@ -288,6 +293,7 @@ pub fn tile_matmul<E: Float>(
     b2: &Shared<[E]>,
     stage: &mut Shared<[f32]>,
     plane: usize,
+    #[comptime] planes: usize,
     #[comptime] rows: usize,
     #[comptime] inner: usize,
     #[comptime] cols: usize,
@@ -404,7 +410,7 @@ pub fn tile_matmul<E: Float>(
                 MatrixLayout::RowMajor,
             );
         }
-        ot += PLANES;
+        ot += planes;
     }
 }
 
@@ -484,15 +490,16 @@ pub fn load_rows<E: Float, N: Size>(
     #[comptime] chunk: usize,
     #[comptime] cols: usize,
     #[comptime] ld: usize,
+    #[comptime] threads: usize,
 ) {
     let n = x.vector_size();
     let per_row = comptime!(cols / n);
     let total = comptime!(chunk * cols / n);
-    let trips = comptime!(total.div_ceil(THREADS));
+    let trips = comptime!(total.div_ceil(threads));
     let mut held = Array::<Vector<E, N>>::new(trips);
     #[unroll]
     for r in 0..trips {
-        let idx = u + r * THREADS;
+        let idx = u + r * threads;
         let t = t0 + idx / per_row;
         let c = c0 + (idx % per_row) * n;
         let mut val = Vector::<E, N>::zeroed();
@@ -503,7 +510,7 @@ pub fn load_rows<E: Float, N: Size>(
     }
     #[unroll]
     for r in 0..trips {
-        let idx = u + r * THREADS;
+        let idx = u + r * threads;
         if idx < total {
             let val = held[r];
             let first = (idx / per_row) * ld + (idx % per_row) * n;
@@ -536,6 +543,7 @@ pub fn merge_key_state(
     #[comptime] ld: usize,
     #[comptime] nlev: usize,
     #[comptime] single: bool,
+    #[comptime] threads: usize,
 ) {
     let chunk_decay = eg[comptime!(chunk - 1)];
     for lvi in 0..nlev {
@@ -557,6 +565,7 @@ pub fn merge_key_state(
                 nk,
                 pt,
                 ld,
+                threads,
             );
         }
     }
@@ -577,14 +586,15 @@ pub fn merge_level(
     #[comptime] rows: usize,
     #[comptime] cols: usize,
     #[comptime] ld: usize,
+    #[comptime] threads: usize,
 ) {
     let per_row = comptime!(cols / 4);
     let total = comptime!(rows * cols / 4);
-    let trips = comptime!(total.div_ceil(THREADS));
+    let trips = comptime!(total.div_ceil(threads));
     let mut held = Array::<Vector<f32, StateVec>>::new(trips);
     #[unroll]
     for r in 0..trips {
-        let idx = u + r * THREADS;
+        let idx = u + r * threads;
         let mut old = Vector::<f32, StateVec>::zeroed();
         if idx < total && !fresh {
             old = states[base + idx];
@@ -593,7 +603,7 @@ pub fn merge_level(
     }
     #[unroll]
     for r in 0..trips {
-        let idx = u + r * THREADS;
+        let idx = u + r * threads;
         if idx < total {
             let old = held[r];
             let first = (idx / per_row) * ld + (idx % per_row) * 4;
@@ -622,14 +632,15 @@ pub fn read_level<E: Float>(
     #[comptime] cols: usize,
     #[comptime] ld: usize,
     #[comptime] split: bool,
+    #[comptime] threads: usize,
 ) {
     let per_row = comptime!(cols / 4);
     let total = comptime!(rows * cols / 4);
-    let trips = comptime!(total.div_ceil(THREADS));
+    let trips = comptime!(total.div_ceil(threads));
     let mut held = Array::<Vector<f32, StateVec>>::new(trips);
     #[unroll]
     for r in 0..trips {
-        let idx = u + r * THREADS;
+        let idx = u + r * threads;
         let mut x = Vector::<f32, StateVec>::zeroed();
         if idx < total {
             x = states[base + idx];
@@ -638,7 +649,7 @@ pub fn read_level<E: Float>(
     }
     #[unroll]
     for r in 0..trips {
-        let idx = u + r * THREADS;
+        let idx = u + r * threads;
         if idx < total {
             let x = held[r];
             let first = (idx / per_row) * ld + (idx % per_row) * 4;
@@ -685,7 +696,9 @@ pub fn vector_helpers_probe_kernel<N: Size>(
     let ld = comptime!(row_len_input(cols));
     let rows_level = comptime!(len / cols);
     let mut buf = Shared::<[f32]>::new_aligned_slice(comptime!(chunk * ld), ALIGN);
-    load_rows::<f32, N>(x, &mut buf, u, t0, c0, 0, 0, seq, 1, width, chunk, cols, ld);
+    load_rows::<f32, N>(
+        x, &mut buf, u, t0, c0, 0, 0, seq, 1, width, chunk, cols, ld, THREADS,
+    );
     sync_cube();
     let mut idx = u;
     while idx < comptime!(chunk * cols) {
@@ -702,6 +715,7 @@ pub fn vector_helpers_probe_kernel<N: Size>(
         rows_level,
         cols,
         ld,
+        THREADS,
     );
     sync_storage();
     let mut hi = Shared::<[f32]>::new_aligned_slice(comptime!(rows_level * ld), ALIGN);
@@ -716,6 +730,7 @@ pub fn vector_helpers_probe_kernel<N: Size>(
         cols,
         ld,
         true,
+        THREADS,
     );
     sync_cube();
     idx = u;

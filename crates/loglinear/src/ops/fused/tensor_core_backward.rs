@@ -17,12 +17,11 @@
 use cubecl::prelude::*;
 
 use super::cube::{
-    Geometry, REWRITES_CLEAR_BITS, REWRITES_SET_BITS, THREADS, advance_scales, bitlen, load_decays,
-    row,
+    Geometry, REWRITES_CLEAR_BITS, REWRITES_SET_BITS, advance_scales, bitlen, load_decays, row,
 };
 use super::tensor_core::{
-    ALIGN, EXACT, FULL, LOWER, PLANES, SPLIT_A, SPLIT_B, StateVec, UPPER, load_rows,
-    merge_key_state, merge_level, read_level, row_len_f32, row_len_input, tile_matmul,
+    ALIGN, EXACT, FULL, LOWER, SPLIT_A, SPLIT_B, StateVec, UPPER, load_rows, merge_key_state,
+    merge_level, read_level, row_len_f32, row_len_input, tile_matmul,
 };
 
 /// f32 elements of the backward kernels' staging buffer: the largest product (`C × C`,
@@ -53,12 +52,15 @@ pub fn tc_backward_shared_bytes(
 ) -> usize {
     let (ldk, ldv, ldw) = (row_len_input(nk), row_len_input(pt), row_len_input(chunk));
     let inputs = if causal {
-        // q, k, v, dO; kd ⊙ v, the dq weights and one level state, each split in two
-        elem * (2 * chunk * ldk + 2 * chunk * ldv + 2 * (chunk * ldv + chunk * ldw + nk * ldv))
+        // q, k, v, dO; kd ⊙ v and one level state, each split in two; the dq weights
+        elem * (2 * chunk * ldk + 2 * chunk * ldv + 2 * (chunk * ldv + nk * ldv) + chunk * ldw)
     } else {
-        // q, k, v, dO; the dv and dk weights (the first reused for λ-weighted dO) and one
-        // state, each split in two
-        elem * (2 * chunk * ldk + 2 * chunk * ldv + 2 * (2 * chunk * ldw.max(ldv) + nk * ldv))
+        // q, k, v, dO; the dv weights (reused for λ-weighted dO) and one state, each split in
+        // two; the dk weights
+        elem * (2 * chunk * ldk
+            + 2 * chunk * ldv
+            + 2 * (chunk * ldw.max(ldv) + nk * ldv)
+            + chunk * ldw.max(ldv))
     };
     let mut floats = stage_len_backward(chunk, nk, pt) + chunk * levels + 5 * chunk + 32;
     if causal {
@@ -91,6 +93,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
 ) {
     let (chunk, nk, pt) = comptime!((geo.chunk, geo.nk, geo.pt));
     let (levels, nlev) = comptime!((geo.levels, geo.nlev));
+    let (threads, planes) = comptime!((geo.threads, geo.threads / 32));
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
     let bi = bh / heads;
@@ -99,7 +102,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     let plane = u / 32;
     let p0 = tile * pt;
     let log_c = comptime!(chunk.trailing_zeros() as usize);
-    let rows_q = comptime!(chunk * nk / THREADS);
+    let rows_q = comptime!(chunk * nk / threads);
     let level_size = comptime!(nk * pt);
     // The level states are read and written four floats at a time: offsets count vectors.
     let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt / 4);
@@ -121,7 +124,6 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     let mut vt = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldv), ALIGN);
     let mut vt_lo = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldv), ALIGN);
     let mut sc = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldw), ALIGN);
-    let mut sc_lo = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldw), ALIGN);
     let mut hb = Shared::<[E]>::new_aligned_slice(comptime!(nk * ldv), ALIGN);
     let mut hb_lo = Shared::<[E]>::new_aligned_slice(comptime!(nk * ldv), ALIGN);
     let mut stage = Shared::<[f32]>::new_aligned_slice(stage_size, ALIGN);
@@ -140,17 +142,21 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
 
     for j in 0..n_chunks {
         let t0 = j * chunk;
-        load_rows::<E, N>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk);
-        load_rows::<E, N>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk);
         load_rows::<E, N>(
-            v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv,
+            q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads,
         );
         load_rows::<E, N>(
-            d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv,
+            k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads,
+        );
+        load_rows::<E, N>(
+            v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv, threads,
+        );
+        load_rows::<E, N>(
+            d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv, threads,
         );
         load_decays::<G>(
             g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
-            chunk, levels,
+            chunk, levels, threads,
         );
         let mut idx = u;
         while idx < comptime!(chunk * pt) {
@@ -159,12 +165,12 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             let hi = E::cast_from(x);
             vt[at] = hi;
             vt_lo[at] = E::cast_from(x - f32::cast_from(hi));
-            idx += THREADS;
+            idx += threads;
         }
         // A = Q Kᵀ (lower tiles); keep e^{γt−γs} A in f32 for dλ.
         tile_matmul::<E>(
-            &qb, &qb, &kb, &kb, &mut stage, plane, chunk, nk, chunk, false, ldk, true, ldk, FULL,
-            LOWER, EXACT, stage_size, lss,
+            &qb, &qb, &kb, &kb, &mut stage, plane, planes, chunk, nk, chunk, false, ldk, true, ldk,
+            FULL, LOWER, EXACT, stage_size, lss,
         );
         sync_cube();
         idx = u;
@@ -176,13 +182,13 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                 x = stage[i * lss + jj] * (gam[i] - gam[jj]).exp();
             }
             sd[idx] = x;
-            idx += THREADS;
+            idx += threads;
         }
         sync_cube();
         // B = dO Vᵀ (lower tiles): sd = e A B (dλ terms), sc = λ e B (dq weights).
         tile_matmul::<E>(
-            &ob, &ob, &vb, &vb, &mut stage, plane, chunk, pt, chunk, false, ldv, true, ldv, FULL,
-            LOWER, EXACT, stage_size, lss,
+            &ob, &ob, &vb, &vb, &mut stage, plane, planes, chunk, pt, chunk, false, ldv, true, ldv,
+            FULL, LOWER, EXACT, stage_size, lss,
         );
         sync_cube();
         idx = u;
@@ -200,10 +206,8 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                 }
             }
             sd[idx] = x;
-            let hi = E::cast_from(w);
-            sc[i * ldw + jj] = hi;
-            sc_lo[i * ldw + jj] = E::cast_from(w - f32::cast_from(hi));
-            idx += THREADS;
+            sc[i * ldw + jj] = E::cast_from(w);
+            idx += threads;
         }
         sync_cube();
         // dλ of the in-chunk levels: level-segmented row sums, one plane per row at a time
@@ -211,8 +215,8 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         // level; the levels above the chunk's are zero unless a level read below sets them.
         let lane = u % 32;
         #[unroll]
-        for rr in 0..comptime!(chunk / PLANES) {
-            let i = plane + rr * PLANES;
+        for rr in 0..comptime!(chunk / planes) {
+            let i = plane + rr * planes;
             let t = t0 + i;
             let dl_row = (((tile * batch + bi) * seq + t) * heads + h) * levels;
             #[unroll]
@@ -238,14 +242,14 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         }
         // dq in-chunk: sc K.
         tile_matmul::<E>(
-            &sc, &sc_lo, &kb, &kb, &mut stage, plane, chunk, chunk, nk, false, ldw, false, ldk,
-            LOWER, FULL, SPLIT_A, stage_size, lsk,
+            &sc, &sc, &kb, &kb, &mut stage, plane, planes, chunk, chunk, nk, false, ldw, false,
+            ldk, LOWER, FULL, EXACT, stage_size, lsk,
         );
         sync_cube();
         let mut acc = Array::<f32>::new(rows_q);
         #[unroll]
         for r in 0..rows_q {
-            let e = u + r * THREADS;
+            let e = u + r * threads;
             acc[r] = stage[(e / nk) * lsk + e % nk];
         }
         sync_cube();
@@ -255,25 +259,27 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             let token_level = log_c + lvi + 1;
             if (j >> lvi) & 1 == 1 && token_level < levels {
                 let base = state_base + lvi * comptime!(level_size / 4);
-                read_level::<E>(states, &mut hb, &mut hb_lo, base, u, nk, pt, ldv, true);
+                read_level::<E>(
+                    states, &mut hb, &mut hb_lo, base, u, nk, pt, ldv, true, threads,
+                );
                 sync_cube();
                 // Hᵀ: the key-major state read column-major.
                 tile_matmul::<E>(
-                    &ob, &ob, &hb, &hb_lo, &mut stage, plane, chunk, pt, nk, false, ldv, true, ldv,
-                    FULL, FULL, SPLIT_B, stage_size, lsk,
+                    &ob, &ob, &hb, &hb_lo, &mut stage, plane, planes, chunk, pt, nk, false, ldv,
+                    true, ldv, FULL, FULL, SPLIT_B, stage_size, lsk,
                 );
                 sync_cube();
                 let f = scale[lvi];
                 #[unroll]
                 for r in 0..rows_q {
-                    let e = u + r * THREADS;
+                    let e = u + r * threads;
                     let i = e / nk;
                     acc[r] += stage[i * lsk + e % nk] * f * eg[i] * lam[i * levels + token_level];
                 }
                 // dλ = e f q·X: one plane per row, lanes over keys, a plane sum.
                 #[unroll]
-                for rr in 0..comptime!(chunk / PLANES) {
-                    let i = plane + rr * PLANES;
+                for rr in 0..comptime!(chunk / planes) {
+                    let i = plane + rr * planes;
                     let t = t0 + i;
                     let mut part = 0.0f32;
                     #[unroll]
@@ -294,7 +300,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         }
         #[unroll]
         for r in 0..rows_q {
-            let e = u + r * THREADS;
+            let e = u + r * threads;
             let t = t0 + e / nk;
             if t < seq {
                 dq[(((tile * batch + bi) * seq + t) * heads + h) * nk + e % nk] = acc[r];
@@ -304,12 +310,13 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         // first half (the forward's state, key-major).
         if nlev > 0 {
             tile_matmul::<E>(
-                &kb, &kb, &vt, &vt_lo, &mut stage, plane, nk, chunk, pt, true, ldk, false, ldv,
-                FULL, FULL, SPLIT_B, stage_size, lsv,
+                &kb, &kb, &vt, &vt_lo, &mut stage, plane, planes, nk, chunk, pt, true, ldk, false,
+                ldv, FULL, FULL, SPLIT_B, stage_size, lsv,
             );
             sync_cube();
             merge_key_state(
                 states, &stage, &scale, &eg, u, j, state_base, chunk, nk, pt, lsv, nlev, false,
+                threads,
             );
         }
         sync_storage();
@@ -350,6 +357,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
 ) {
     let (chunk, nk, pt) = comptime!((geo.chunk, geo.nk, geo.pt));
     let (levels, nlev) = comptime!((geo.levels, geo.nlev));
+    let (threads, planes) = comptime!((geo.threads, geo.threads / 32));
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
     let bi = bh / heads;
@@ -358,8 +366,8 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     let plane = u / 32;
     let p0 = tile * pt;
     let log_c = comptime!(chunk.trailing_zeros() as usize);
-    let rows_k = comptime!(chunk * nk / THREADS);
-    let rows_v = comptime!(chunk * pt / THREADS);
+    let rows_k = comptime!(chunk * nk / threads);
+    let rows_v = comptime!(chunk * pt / threads);
     let level_size = comptime!(nk * pt);
     // The level states are read and written four floats at a time: offsets count vectors.
     let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt / 4);
@@ -384,7 +392,6 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     let mut sa = Shared::<[E]>::new_aligned_slice(square, ALIGN);
     let mut sa_lo = Shared::<[E]>::new_aligned_slice(square, ALIGN);
     let mut sb = Shared::<[E]>::new_aligned_slice(square, ALIGN);
-    let mut sb_lo = Shared::<[E]>::new_aligned_slice(square, ALIGN);
     let mut gb = Shared::<[E]>::new_aligned_slice(comptime!(nk * ldv), ALIGN);
     let mut gb_lo = Shared::<[E]>::new_aligned_slice(comptime!(nk * ldv), ALIGN);
     let mut stage = Shared::<[f32]>::new_aligned_slice(stage_size, ALIGN);
@@ -403,7 +410,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     let mut idx = u;
     while idx < comptime!(nlev * nk * pt / 4) {
         states[state_base + idx] = Vector::<f32, StateVec>::zeroed();
-        idx += THREADS;
+        idx += threads;
     }
     sync_storage();
     let n_chunks = seq.div_ceil(chunk);
@@ -411,23 +418,27 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     for step in 0..n_chunks {
         let j = n_chunks - 1 - step;
         let t0 = j * chunk;
-        load_rows::<E, N>(q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk);
-        load_rows::<E, N>(k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk);
         load_rows::<E, N>(
-            v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv,
+            q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads,
         );
         load_rows::<E, N>(
-            d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv,
+            k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads,
+        );
+        load_rows::<E, N>(
+            v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv, threads,
+        );
+        load_rows::<E, N>(
+            d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv, threads,
         );
         load_decays::<G>(
             g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
-            chunk, levels,
+            chunk, levels, threads,
         );
         // Row s, column t ≥ s: A = K Qᵀ, B = V dOᵀ (upper tiles), each times
         // W = λ[t, ℓ(t,s)] e^{γt−γs}.
         tile_matmul::<E>(
-            &kb, &kb, &qb, &qb, &mut stage, plane, chunk, nk, chunk, false, ldk, true, ldk, FULL,
-            UPPER, EXACT, stage_size, lss,
+            &kb, &kb, &qb, &qb, &mut stage, plane, planes, chunk, nk, chunk, false, ldk, true, ldk,
+            FULL, UPPER, EXACT, stage_size, lss,
         );
         sync_cube();
         idx = u;
@@ -450,12 +461,12 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             let hi = E::cast_from(x);
             sa[si * ldw + tj] = hi;
             sa_lo[si * ldw + tj] = E::cast_from(x - f32::cast_from(hi));
-            idx += THREADS;
+            idx += threads;
         }
         sync_cube();
         tile_matmul::<E>(
-            &vb, &vb, &ob, &ob, &mut stage, plane, chunk, pt, chunk, false, ldv, true, ldv, FULL,
-            UPPER, EXACT, stage_size, lss,
+            &vb, &vb, &ob, &ob, &mut stage, plane, planes, chunk, pt, chunk, false, ldv, true, ldv,
+            FULL, UPPER, EXACT, stage_size, lss,
         );
         sync_cube();
         idx = u;
@@ -469,35 +480,33 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                     x = stage[si * lss + tj] * (gam[tj] - gam[si]).exp() * lam[tj * levels + lvl];
                 }
             }
-            let hi = E::cast_from(x);
-            sb[si * ldw + tj] = hi;
-            sb_lo[si * ldw + tj] = E::cast_from(x - f32::cast_from(hi));
-            idx += THREADS;
+            sb[si * ldw + tj] = E::cast_from(x);
+            idx += threads;
         }
         sync_cube();
         // dv = (W ⊙ A) dO, dk = (W ⊙ B) Q (upper-triangular weights).
         tile_matmul::<E>(
-            &sa, &sa_lo, &ob, &ob, &mut stage, plane, chunk, chunk, pt, false, ldw, false, ldv,
-            UPPER, FULL, SPLIT_A, stage_size, lsv,
+            &sa, &sa_lo, &ob, &ob, &mut stage, plane, planes, chunk, chunk, pt, false, ldw, false,
+            ldv, UPPER, FULL, SPLIT_A, stage_size, lsv,
         );
         sync_cube();
         let mut acc_v = Array::<f32>::new(rows_v);
         #[unroll]
         for r in 0..rows_v {
-            let e = u + r * THREADS;
+            let e = u + r * threads;
             let (i, c) = (e / pt, e % pt);
             acc_v[r] = stage[i * lsv + c] + dga[i] * f32::cast_from(ob[i * ldv + c]);
         }
         sync_cube();
         tile_matmul::<E>(
-            &sb, &sb_lo, &qb, &qb, &mut stage, plane, chunk, chunk, nk, false, ldw, false, ldk,
-            UPPER, FULL, SPLIT_A, stage_size, lsk,
+            &sb, &sb, &qb, &qb, &mut stage, plane, planes, chunk, chunk, nk, false, ldw, false,
+            ldk, UPPER, FULL, EXACT, stage_size, lsk,
         );
         sync_cube();
         let mut acc_k = Array::<f32>::new(rows_k);
         #[unroll]
         for r in 0..rows_k {
-            let e = u + r * THREADS;
+            let e = u + r * threads;
             acc_k[r] = stage[(e / nk) * lsk + e % nk];
         }
         sync_cube();
@@ -506,30 +515,32 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             let token_level = log_c + lvi + 1;
             if (j >> lvi) & 1 == 0 && token_level < levels {
                 let base = state_base + lvi * comptime!(level_size / 4);
-                read_level::<E>(states, &mut gb, &mut gb_lo, base, u, nk, pt, ldv, true);
+                read_level::<E>(
+                    states, &mut gb, &mut gb_lo, base, u, nk, pt, ldv, true, threads,
+                );
                 sync_cube();
                 let f = scale[lvi];
                 tile_matmul::<E>(
-                    &kb, &kb, &gb, &gb_lo, &mut stage, plane, chunk, nk, pt, false, ldk, false,
-                    ldv, FULL, FULL, SPLIT_B, stage_size, lsv,
+                    &kb, &kb, &gb, &gb_lo, &mut stage, plane, planes, chunk, nk, pt, false, ldk,
+                    false, ldv, FULL, FULL, SPLIT_B, stage_size, lsv,
                 );
                 sync_cube();
                 #[unroll]
                 for r in 0..rows_v {
-                    let e = u + r * THREADS;
+                    let e = u + r * threads;
                     let i = e / pt;
                     acc_v[r] += stage[i * lsv + e % pt] * f * kd[i];
                 }
                 sync_cube();
                 // Gᵀ: the key-major state read column-major.
                 tile_matmul::<E>(
-                    &vb, &vb, &gb, &gb_lo, &mut stage, plane, chunk, pt, nk, false, ldv, true, ldv,
-                    FULL, FULL, SPLIT_B, stage_size, lsk,
+                    &vb, &vb, &gb, &gb, &mut stage, plane, planes, chunk, pt, nk, false, ldv, true,
+                    ldv, FULL, FULL, EXACT, stage_size, lsk,
                 );
                 sync_cube();
                 #[unroll]
                 for r in 0..rows_k {
-                    let e = u + r * THREADS;
+                    let e = u + r * threads;
                     let i = e / nk;
                     acc_k[r] += stage[i * lsk + e % nk] * f * kd[i];
                 }
@@ -538,7 +549,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         }
         #[unroll]
         for r in 0..rows_v {
-            let e = u + r * THREADS;
+            let e = u + r * threads;
             let t = t0 + e / pt;
             let p = p0 + e % pt;
             if t < seq && p < width {
@@ -547,7 +558,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         }
         #[unroll]
         for r in 0..rows_k {
-            let e = u + r * THREADS;
+            let e = u + r * threads;
             let t = t0 + e / nk;
             if t < seq {
                 dk[(((tile * batch + bi) * seq + t) * heads + h) * nk + e % nk] = acc_k[r];
@@ -566,20 +577,20 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                     let hi = E::cast_from(x);
                     sa[at] = hi;
                     sa_lo[at] = E::cast_from(x - f32::cast_from(hi));
-                    idx += THREADS;
+                    idx += threads;
                 }
                 sync_cube();
                 // Qᵀ: q read column-major.
                 tile_matmul::<E>(
-                    &qb, &qb, &sa, &sa_lo, &mut stage, plane, nk, chunk, pt, true, ldk, false, ldv,
-                    FULL, FULL, SPLIT_B, stage_size, lsv,
+                    &qb, &qb, &sa, &sa_lo, &mut stage, plane, planes, nk, chunk, pt, true, ldk,
+                    false, ldv, FULL, FULL, SPLIT_B, stage_size, lsv,
                 );
                 sync_cube();
                 let base = state_base + lvi * comptime!(level_size / 4);
                 let period = 2usize << lvi;
                 let fresh = j % period == period - 1;
                 let f = scale[lvi] * chunk_decay;
-                merge_level(states, &stage, base, f, fresh, u, nk, pt, lsv);
+                merge_level(states, &stage, base, f, fresh, u, nk, pt, lsv, threads);
                 sync_cube();
             }
         }
