@@ -3,14 +3,23 @@
 //! as `cmma` 16×16×16 tiles through [`tile_matmul`], and the elementwise steps (weights, decays,
 //! state merges, the dλ row sums) as f32 scalar code between them.
 //!
-//! Operands computed in f32 (the in-chunk weights, the λ- or decay-weighted values, the level
-//! states) enter the tiles split in two, `x = hi + lo` with both parts in the input dtype: two
-//! products instead of one and ≈ 16 mantissa bits instead of 8. With one rounding, `dg` — a
-//! reverse cumulative sum of the differences `λ·dλ − v·dv` — lost 2 % of its largest entry at
-//! T = 4096 and did not cancel at T = 1 (measured on the H200). The diagonal of the `dv` weights
-//! is added in f32 outside the tiles, so that at T = 1 the two terms of `dΓ` agree exactly.
+//! Operands computed in f32 that `dg` depends on — the `dv` weights, the λ-weighted `dO` of the
+//! anticausal states, the key-decayed values of the causal states and the level states read for
+//! `dλ` and `dv` — enter the tiles split in two, `x = hi + lo` with both parts in the input
+//! dtype: two products instead of one and ≈ 16 mantissa bits instead of 8. With one rounding,
+//! `dg` — a reverse cumulative sum of the differences `λ·dλ − v·dv` — lost 2 % of its largest
+//! entry at T = 4096 and did not cancel at T = 1 (measured on the H200). `dq` and `dk` do not
+//! enter `dg`, so their weights and `dk`'s level reads take one rounding, as the forward's do
+//! (their error stays at the forward's, ≤ 6e-3 of the largest entry; bench/RESULTS.md session
+//! 22). The diagonal of the `dv` weights is added in f32 outside the tiles, so that at T = 1 the
+//! two terms of `dΓ` agree exactly.
 //!
-//! Accumulators live in registers under a flat mapping (unit `u` owns elements `u + r·THREADS`
+//! Each cube has [`TC_BACKWARD_THREADS`](super::cube::TC_BACKWARD_THREADS) units: its shared
+//! memory allows one cube per multiprocessor, and 16 warps hide more latency than 8 (1.17× on
+//! forward+backward at T = 8192). Products whose results are used together go to two staging
+//! buffers between one pair of barriers.
+//!
+//! Accumulators live in registers under a flat mapping (unit `u` owns elements `u + r·threads`
 //! of a row-major `rows × cols` result), so reading a product out of the staging buffer is one
 //! conflict-free pass.
 
@@ -40,6 +49,16 @@ pub const fn stage_len_backward(chunk: usize, nk: usize, pt: usize) -> usize {
     len
 }
 
+/// f32 elements of the anticausal kernel's second staging buffer: `C × C` (the `V dOᵀ` scores)
+/// or `C × nk` (the dk products), rows padded.
+pub const fn stage_len_second(chunk: usize, nk: usize) -> usize {
+    if nk > chunk {
+        chunk * row_len_f32(nk)
+    } else {
+        chunk * row_len_f32(chunk)
+    }
+}
+
 /// Shared memory (bytes) of one cube of the causal (`causal`) or anticausal tensor-core backward
 /// kernel with `elem` bytes per input element, rows padded (see `row_len_input`).
 pub fn tc_backward_shared_bytes(
@@ -64,7 +83,9 @@ pub fn tc_backward_shared_bytes(
     };
     let mut floats = stage_len_backward(chunk, nk, pt) + chunk * levels + 5 * chunk + 32;
     if causal {
-        floats += chunk * chunk;
+        floats += chunk * row_len_f32(chunk);
+    } else {
+        floats += stage_len_second(chunk, nk);
     }
     inputs + 4 * floats + 14 * ALIGN
 }
@@ -127,7 +148,9 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     let mut hb = Shared::<[E]>::new_aligned_slice(comptime!(nk * ldv), ALIGN);
     let mut hb_lo = Shared::<[E]>::new_aligned_slice(comptime!(nk * ldv), ALIGN);
     let mut stage = Shared::<[f32]>::new_aligned_slice(stage_size, ALIGN);
-    let mut sd = Shared::<[f32]>::new_slice(comptime!(chunk * chunk));
+    // The in-chunk dλ terms, staged first as the product dO Vᵀ.
+    let sd_size = comptime!(chunk * row_len_f32(chunk));
+    let mut sd = Shared::<[f32]>::new_aligned_slice(sd_size, ALIGN);
     let mut lam = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
     let mut graw = Shared::<[f32]>::new_slice(chunk);
     let mut gam = Shared::<[f32]>::new_slice(chunk);
@@ -167,28 +190,15 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             vt_lo[at] = E::cast_from(x - f32::cast_from(hi));
             idx += threads;
         }
-        // A = Q Kᵀ (lower tiles); keep e^{γt−γs} A in f32 for dλ.
+        // A = Q Kᵀ into `stage`, B = dO Vᵀ into `sd` (lower tiles); then, in place,
+        // sd = e^{γt−γs} A B (the dλ terms) and sc = λ e^{γt−γs} B (the dq weights).
         tile_matmul::<E>(
             &qb, &qb, &kb, &kb, &mut stage, plane, planes, chunk, nk, chunk, false, ldk, true, ldk,
             FULL, LOWER, EXACT, stage_size, lss,
         );
-        sync_cube();
-        idx = u;
-        while idx < comptime!(chunk * chunk) {
-            let i = idx / chunk;
-            let jj = idx % chunk;
-            let mut x = 0.0f32;
-            if jj <= i {
-                x = stage[i * lss + jj] * (gam[i] - gam[jj]).exp();
-            }
-            sd[idx] = x;
-            idx += threads;
-        }
-        sync_cube();
-        // B = dO Vᵀ (lower tiles): sd = e A B (dλ terms), sc = λ e B (dq weights).
         tile_matmul::<E>(
-            &ob, &ob, &vb, &vb, &mut stage, plane, planes, chunk, pt, chunk, false, ldv, true, ldv,
-            FULL, LOWER, EXACT, stage_size, lss,
+            &ob, &ob, &vb, &vb, &mut sd, plane, planes, chunk, pt, chunk, false, ldv, true, ldv,
+            FULL, LOWER, EXACT, sd_size, lss,
         );
         sync_cube();
         idx = u;
@@ -198,14 +208,15 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             let mut w = 0.0f32;
             let mut x = 0.0f32;
             if jj <= i {
-                let bv = stage[i * lss + jj];
-                x = sd[idx] * bv;
+                let decay = (gam[i] - gam[jj]).exp();
+                let bv = sd[i * lss + jj];
+                x = stage[i * lss + jj] * decay * bv;
                 let lvl = bitlen(i ^ jj);
                 if lvl < levels {
-                    w = lam[i * levels + lvl] * (gam[i] - gam[jj]).exp() * bv;
+                    w = lam[i * levels + lvl] * decay * bv;
                 }
             }
-            sd[idx] = x;
+            sd[i * lss + jj] = x;
             sc[i * ldw + jj] = E::cast_from(w);
             idx += threads;
         }
@@ -226,7 +237,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                 for e in 0..comptime!(chunk / 32) {
                     let jj = lane + e * 32;
                     if jj <= i && bitlen(i ^ jj) == lvl {
-                        part += sd[i * chunk + jj];
+                        part += sd[i * lss + jj];
                     }
                 }
                 let sum = plane_sum(part);
@@ -395,6 +406,11 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     let mut gb = Shared::<[E]>::new_aligned_slice(comptime!(nk * ldv), ALIGN);
     let mut gb_lo = Shared::<[E]>::new_aligned_slice(comptime!(nk * ldv), ALIGN);
     let mut stage = Shared::<[f32]>::new_aligned_slice(stage_size, ALIGN);
+    // A second staging buffer, so that the products of a step whose results are consumed
+    // together (the score pair K Qᵀ and V dOᵀ, the dv and dk products, a level's two reads)
+    // share one pair of barriers.
+    let stage_k_size = comptime!(stage_len_second(chunk, nk));
+    let mut stage_k = Shared::<[f32]>::new_aligned_slice(stage_k_size, ALIGN);
     let mut lam = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
     let mut graw = Shared::<[f32]>::new_slice(chunk);
     let mut gam = Shared::<[f32]>::new_slice(chunk);
@@ -440,18 +456,40 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             &kb, &kb, &qb, &qb, &mut stage, plane, planes, chunk, nk, chunk, false, ldk, true, ldk,
             FULL, UPPER, EXACT, stage_size, lss,
         );
+        tile_matmul::<E>(
+            &vb,
+            &vb,
+            &ob,
+            &ob,
+            &mut stage_k,
+            plane,
+            planes,
+            chunk,
+            pt,
+            chunk,
+            false,
+            ldv,
+            true,
+            ldv,
+            FULL,
+            UPPER,
+            EXACT,
+            stage_k_size,
+            lss,
+        );
         sync_cube();
         idx = u;
         while idx < comptime!(chunk * chunk) {
             let si = idx / chunk;
             let tj = idx % chunk;
-            let mut x = 0.0f32;
+            let mut w = 0.0f32;
             if tj >= si {
                 let lvl = bitlen(si ^ tj);
                 if lvl < levels {
-                    x = stage[si * lss + tj] * (gam[tj] - gam[si]).exp() * lam[tj * levels + lvl];
+                    w = (gam[tj] - gam[si]).exp() * lam[tj * levels + lvl];
                 }
             }
+            let mut x = stage[si * lss + tj] * w;
             if tj == si {
                 // The diagonal term enters dΓ_s twice, as λ dλ (f32) and as v·dv, where the two
                 // cancel exactly at T = 1: it is added in f32, not through the tiles.
@@ -461,26 +499,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             let hi = E::cast_from(x);
             sa[si * ldw + tj] = hi;
             sa_lo[si * ldw + tj] = E::cast_from(x - f32::cast_from(hi));
-            idx += threads;
-        }
-        sync_cube();
-        tile_matmul::<E>(
-            &vb, &vb, &ob, &ob, &mut stage, plane, planes, chunk, pt, chunk, false, ldv, true, ldv,
-            FULL, UPPER, EXACT, stage_size, lss,
-        );
-        sync_cube();
-        idx = u;
-        while idx < comptime!(chunk * chunk) {
-            let si = idx / chunk;
-            let tj = idx % chunk;
-            let mut x = 0.0f32;
-            if tj >= si {
-                let lvl = bitlen(si ^ tj);
-                if lvl < levels {
-                    x = stage[si * lss + tj] * (gam[tj] - gam[si]).exp() * lam[tj * levels + lvl];
-                }
-            }
-            sb[si * ldw + tj] = E::cast_from(x);
+            sb[si * ldw + tj] = E::cast_from(stage_k[si * lss + tj] * w);
             idx += threads;
         }
         sync_cube();
@@ -488,6 +507,27 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         tile_matmul::<E>(
             &sa, &sa_lo, &ob, &ob, &mut stage, plane, planes, chunk, chunk, pt, false, ldw, false,
             ldv, UPPER, FULL, SPLIT_A, stage_size, lsv,
+        );
+        tile_matmul::<E>(
+            &sb,
+            &sb,
+            &qb,
+            &qb,
+            &mut stage_k,
+            plane,
+            planes,
+            chunk,
+            chunk,
+            nk,
+            false,
+            ldw,
+            false,
+            ldk,
+            UPPER,
+            FULL,
+            EXACT,
+            stage_k_size,
+            lsk,
         );
         sync_cube();
         let mut acc_v = Array::<f32>::new(rows_v);
@@ -497,17 +537,11 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             let (i, c) = (e / pt, e % pt);
             acc_v[r] = stage[i * lsv + c] + dga[i] * f32::cast_from(ob[i * ldv + c]);
         }
-        sync_cube();
-        tile_matmul::<E>(
-            &sb, &sb, &qb, &qb, &mut stage, plane, planes, chunk, chunk, nk, false, ldw, false,
-            ldk, UPPER, FULL, EXACT, stage_size, lsk,
-        );
-        sync_cube();
         let mut acc_k = Array::<f32>::new(rows_k);
         #[unroll]
         for r in 0..rows_k {
             let e = u + r * threads;
-            acc_k[r] = stage[(e / nk) * lsk + e % nk];
+            acc_k[r] = stage_k[(e / nk) * lsk + e % nk];
         }
         sync_cube();
         // Later chunks (bit i−1 of j clear): dv += kd f K G, dk += kd f V Gᵀ.
@@ -524,6 +558,28 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                     &kb, &kb, &gb, &gb_lo, &mut stage, plane, planes, chunk, nk, pt, false, ldk,
                     false, ldv, FULL, FULL, SPLIT_B, stage_size, lsv,
                 );
+                // Gᵀ: the key-major state read column-major.
+                tile_matmul::<E>(
+                    &vb,
+                    &vb,
+                    &gb,
+                    &gb,
+                    &mut stage_k,
+                    plane,
+                    planes,
+                    chunk,
+                    pt,
+                    nk,
+                    false,
+                    ldv,
+                    true,
+                    ldv,
+                    FULL,
+                    FULL,
+                    EXACT,
+                    stage_k_size,
+                    lsk,
+                );
                 sync_cube();
                 #[unroll]
                 for r in 0..rows_v {
@@ -531,18 +587,11 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                     let i = e / pt;
                     acc_v[r] += stage[i * lsv + e % pt] * f * kd[i];
                 }
-                sync_cube();
-                // Gᵀ: the key-major state read column-major.
-                tile_matmul::<E>(
-                    &vb, &vb, &gb, &gb, &mut stage, plane, planes, chunk, pt, nk, false, ldv, true,
-                    ldv, FULL, FULL, EXACT, stage_size, lsk,
-                );
-                sync_cube();
                 #[unroll]
                 for r in 0..rows_k {
                     let e = u + r * threads;
                     let i = e / nk;
-                    acc_k[r] += stage[i * lsk + e % nk] * f * kd[i];
+                    acc_k[r] += stage_k[i * lsk + e % nk] * f * kd[i];
                 }
                 sync_cube();
             }
