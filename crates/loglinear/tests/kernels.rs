@@ -360,11 +360,13 @@ fn tensor_core_tiles_keep_their_occupancy_on_the_h200() {
         "forward cube: {forward} bytes"
     );
     for causal in [true, false] {
-        let backward = tc_backward_shared_bytes(64, 128, 64, levels, 2, causal);
-        assert!(
-            backward + 1024 <= 227 * 1024,
-            "backward cube (causal {causal}): {backward} bytes"
-        );
+        for tiled in [false, true] {
+            let backward = tc_backward_shared_bytes(64, 128, 64, levels, 2, causal, tiled);
+            assert!(
+                backward + 1024 <= 227 * 1024,
+                "backward cube (causal {causal}, tiled {tiled}): {backward} bytes"
+            );
+        }
     }
 }
 

@@ -45,6 +45,10 @@ pub struct Geometry {
     /// Units per cube ([`THREADS`], or [`TC_BACKWARD_THREADS`] for the tensor-core backward), a
     /// multiple of 32.
     pub threads: usize,
+    /// Whether the value width is split over several cubes (`P > pt`). `dq` and `dk` are then
+    /// sums of per-tile partials, each from its own rounded weights, and partials that cancel
+    /// amplify the rounding: the tensor-core backward splits their operands in two only then.
+    pub tiled: bool,
 }
 
 /// Number of bits of `x` (`bitlen(0) = 0`), the level of a pair at distance pattern `x = t ^ s`.

@@ -31,9 +31,9 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The kernels' compile-time sizes for key width `nk`, `levels` λ slots and `nlev` level
-    /// states.
-    fn geometry(self, nk: usize, levels: usize, nlev: usize) -> Geometry {
+    /// The kernels' compile-time sizes for key width `nk`, value width `width`, `levels` λ slots
+    /// and `nlev` level states.
+    fn geometry(self, nk: usize, width: usize, levels: usize, nlev: usize) -> Geometry {
         Geometry {
             chunk: self.chunk,
             nk,
@@ -41,6 +41,7 @@ impl Plan {
             levels,
             nlev,
             threads: self.threads,
+            tiled: width > self.pt,
         }
     }
 }
@@ -83,8 +84,15 @@ impl Kernels {
     }
 
     /// Shared memory (bytes) of one cube (of the larger kernel of a pair) with tiles `plan`,
-    /// key width `nk`, `levels` λ slots and `nlev` level states.
-    fn shared_bytes(self, plan: Plan, nk: usize, levels: usize, nlev: usize) -> usize {
+    /// key width `nk`, value width `width`, `levels` λ slots and `nlev` level states.
+    fn shared_bytes(
+        self,
+        plan: Plan,
+        nk: usize,
+        width: usize,
+        levels: usize,
+        nlev: usize,
+    ) -> usize {
         let Plan { chunk, pt, .. } = plan;
         let bf16 = 2;
         match self {
@@ -96,7 +104,9 @@ impl Kernels {
                 .unwrap_or(0),
             Kernels::TensorCoreForward => tc_shared_bytes(chunk, nk, pt, levels, bf16),
             Kernels::TensorCoreBackward => [true, false]
-                .map(|causal| tc_backward_shared_bytes(chunk, nk, pt, levels, bf16, causal))
+                .map(|causal| {
+                    tc_backward_shared_bytes(chunk, nk, pt, levels, bf16, causal, width > pt)
+                })
                 .into_iter()
                 .max()
                 .unwrap_or(0),
@@ -136,7 +146,7 @@ pub fn plan(
             });
             if !starved
                 && chunk * pt >= threads
-                && kernels.shared_bytes(plan, nk, levels, nlev) <= max_shared
+                && kernels.shared_bytes(plan, nk, width, levels, nlev) <= max_shared
             {
                 return Some(plan);
             }
@@ -326,7 +336,7 @@ fn causal_with(
     } else {
         bitlen(t.div_ceil(plan.chunk) - 1)
     };
-    let geometry = plan.geometry(nk, levels, nlev);
+    let geometry = plan.geometry(nk, width, levels, nlev);
     let out = alloc_f32(&q, vec![bs, t, h, width]);
     let states = alloc_f32(&q, vec![tiles * bs * h * nlev.max(1) * nk * plan.pt]);
     let client = q.client.clone();
@@ -392,7 +402,7 @@ pub fn backward(
     );
     let tiles = width.div_ceil(plan.pt);
     let nlev = bitlen(t.div_ceil(plan.chunk) - 1);
-    let geometry = plan.geometry(nk, levels, nlev);
+    let geometry = plan.geometry(nk, width, levels, nlev);
     let dq = alloc_f32(&q, vec![tiles, bs, t, h, nk]);
     let dl = alloc_f32(&q, vec![tiles, bs, t, h, levels]);
     let dk = alloc_f32(&q, vec![tiles, bs, t, h, nk]);

@@ -68,18 +68,22 @@ pub fn tc_backward_shared_bytes(
     levels: usize,
     elem: usize,
     causal: bool,
+    tiled: bool,
 ) -> usize {
     let (ldk, ldv, ldw) = (row_len_input(nk), row_len_input(pt), row_len_input(chunk));
+    // The dq or dk weights are split in two only when the value width is tiled.
+    let weight_parts = if tiled { 2 } else { 1 };
     let inputs = if causal {
         // q, k, v, dO; kd ⊙ v and one level state, each split in two; the dq weights
-        elem * (2 * chunk * ldk + 2 * chunk * ldv + 2 * (chunk * ldv + nk * ldv) + chunk * ldw)
+        elem * (2 * chunk * ldk
+            + 2 * chunk * ldv
+            + 2 * (chunk * ldv + nk * ldv)
+            + weight_parts * chunk * ldw)
     } else {
         // q, k, v, dO; the dv weights (reused for λ-weighted dO) and one state, each split in
         // two; the dk weights
-        elem * (2 * chunk * ldk
-            + 2 * chunk * ldv
-            + 2 * (chunk * ldw.max(ldv) + nk * ldv)
-            + chunk * ldw.max(ldv))
+        let square = chunk * ldw.max(ldv);
+        elem * (2 * chunk * ldk + 2 * chunk * ldv + 2 * (square + nk * ldv) + weight_parts * square)
     };
     let mut floats = stage_len_backward(chunk, nk, pt) + chunk * levels + 5 * chunk + 32;
     if causal {
@@ -115,6 +119,8 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     let (chunk, nk, pt) = comptime!((geo.chunk, geo.nk, geo.pt));
     let (levels, nlev) = comptime!((geo.levels, geo.nlev));
     let (threads, planes) = comptime!((geo.threads, geo.threads / 32));
+    // Operands of dq and dk only: split in two when the value width is tiled (`Geometry::tiled`).
+    let weight_split_a = comptime!(if geo.tiled { SPLIT_A } else { EXACT });
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
     let bi = bh / heads;
@@ -145,6 +151,9 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     let mut vt = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldv), ALIGN);
     let mut vt_lo = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldv), ALIGN);
     let mut sc = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldw), ALIGN);
+    // The dq weights' low half, used only when the value width is tiled (`Geometry::tiled`).
+    let mut sc_lo =
+        Shared::<[E]>::new_aligned_slice(comptime!(if geo.tiled { chunk * ldw } else { 1 }), ALIGN);
     let mut hb = Shared::<[E]>::new_aligned_slice(comptime!(nk * ldv), ALIGN);
     let mut hb_lo = Shared::<[E]>::new_aligned_slice(comptime!(nk * ldv), ALIGN);
     let mut stage = Shared::<[f32]>::new_aligned_slice(stage_size, ALIGN);
@@ -217,7 +226,11 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                 }
             }
             sd[i * lss + jj] = x;
-            sc[i * ldw + jj] = E::cast_from(w);
+            let hi = E::cast_from(w);
+            sc[i * ldw + jj] = hi;
+            if comptime!(geo.tiled) {
+                sc_lo[i * ldw + jj] = E::cast_from(w - f32::cast_from(hi));
+            }
             idx += threads;
         }
         sync_cube();
@@ -253,8 +266,25 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         }
         // dq in-chunk: sc K.
         tile_matmul::<E>(
-            &sc, &sc, &kb, &kb, &mut stage, plane, planes, chunk, chunk, nk, false, ldw, false,
-            ldk, LOWER, FULL, EXACT, stage_size, lsk,
+            &sc,
+            &sc_lo,
+            &kb,
+            &kb,
+            &mut stage,
+            plane,
+            planes,
+            chunk,
+            chunk,
+            nk,
+            false,
+            ldw,
+            false,
+            ldk,
+            LOWER,
+            FULL,
+            weight_split_a,
+            stage_size,
+            lsk,
         );
         sync_cube();
         let mut acc = Array::<f32>::new(rows_q);
@@ -369,6 +399,9 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     let (chunk, nk, pt) = comptime!((geo.chunk, geo.nk, geo.pt));
     let (levels, nlev) = comptime!((geo.levels, geo.nlev));
     let (threads, planes) = comptime!((geo.threads, geo.threads / 32));
+    // Operands of dq and dk only: split in two when the value width is tiled (`Geometry::tiled`).
+    let weight_split_a = comptime!(if geo.tiled { SPLIT_A } else { EXACT });
+    let weight_split_b = comptime!(if geo.tiled { SPLIT_B } else { EXACT });
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
     let bi = bh / heads;
@@ -403,6 +436,9 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     let mut sa = Shared::<[E]>::new_aligned_slice(square, ALIGN);
     let mut sa_lo = Shared::<[E]>::new_aligned_slice(square, ALIGN);
     let mut sb = Shared::<[E]>::new_aligned_slice(square, ALIGN);
+    // The dk weights' low half, used only when the value width is tiled (`Geometry::tiled`).
+    let mut sb_lo =
+        Shared::<[E]>::new_aligned_slice(comptime!(if geo.tiled { square } else { 1 }), ALIGN);
     let mut gb = Shared::<[E]>::new_aligned_slice(comptime!(nk * ldv), ALIGN);
     let mut gb_lo = Shared::<[E]>::new_aligned_slice(comptime!(nk * ldv), ALIGN);
     let mut stage = Shared::<[f32]>::new_aligned_slice(stage_size, ALIGN);
@@ -499,7 +535,12 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             let hi = E::cast_from(x);
             sa[si * ldw + tj] = hi;
             sa_lo[si * ldw + tj] = E::cast_from(x - f32::cast_from(hi));
-            sb[si * ldw + tj] = E::cast_from(stage_k[si * lss + tj] * w);
+            let y = stage_k[si * lss + tj] * w;
+            let hi = E::cast_from(y);
+            sb[si * ldw + tj] = hi;
+            if comptime!(geo.tiled) {
+                sb_lo[si * ldw + tj] = E::cast_from(y - f32::cast_from(hi));
+            }
             idx += threads;
         }
         sync_cube();
@@ -510,7 +551,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         );
         tile_matmul::<E>(
             &sb,
-            &sb,
+            &sb_lo,
             &qb,
             &qb,
             &mut stage_k,
@@ -525,7 +566,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             ldk,
             UPPER,
             FULL,
-            EXACT,
+            weight_split_a,
             stage_k_size,
             lsk,
         );
@@ -563,7 +604,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                     &vb,
                     &vb,
                     &gb,
-                    &gb,
+                    &gb_lo,
                     &mut stage_k,
                     plane,
                     planes,
@@ -576,7 +617,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                     ldv,
                     FULL,
                     FULL,
-                    EXACT,
+                    weight_split_b,
                     stage_k_size,
                     lsk,
                 );
