@@ -9,10 +9,12 @@
 //! dtype: two products instead of one and ≈ 16 mantissa bits instead of 8. With one rounding,
 //! `dg` — a reverse cumulative sum of the differences `λ·dλ − v·dv` — lost 2 % of its largest
 //! entry at T = 4096 and did not cancel at T = 1 (measured on the H200). `dq` and `dk` do not
-//! enter `dg`, so their weights and `dk`'s level reads take one rounding, as the forward's do
-//! (their error stays at the forward's, ≤ 6e-3 of the largest entry; bench/RESULTS.md session
-//! 22). The diagonal of the `dv` weights is added in f32 outside the tiles, so that at T = 1 the
-//! two terms of `dΓ` agree exactly.
+//! enter `dg`, so with one value tile their weights and `dk`'s level reads take one rounding, as
+//! the forward's do; when the value width is tiled (`Geometry::tiled`) they are sums of per-tile
+//! partials whose cancellation amplifies that rounding (1.3e-2 of the largest `dq` entry at
+//! T = 1 in four tiles, 2.5e-3 split; bench/RESULTS.md session 22), and they are split too. The
+//! diagonal of the `dv` weights is added in f32 outside the tiles, so that at T = 1 the two terms
+//! of `dΓ` agree exactly.
 //!
 //! Each cube has [`TC_BACKWARD_THREADS`](super::cube::TC_BACKWARD_THREADS) units: its shared
 //! memory allows one cube per multiprocessor, and 16 warps hide more latency than 8 (1.17× on
@@ -120,7 +122,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     let (levels, nlev) = comptime!((geo.levels, geo.nlev));
     let (threads, planes) = comptime!((geo.threads, geo.threads / 32));
     // Operands of dq and dk only: split in two when the value width is tiled (`Geometry::tiled`).
-    let weight_split_a = comptime!(if geo.tiled { SPLIT_A } else { EXACT });
+    let w_split_a = comptime!(if geo.tiled { SPLIT_A } else { EXACT });
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
     let bi = bh / heads;
@@ -266,25 +268,8 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         }
         // dq in-chunk: sc K.
         tile_matmul::<E>(
-            &sc,
-            &sc_lo,
-            &kb,
-            &kb,
-            &mut stage,
-            plane,
-            planes,
-            chunk,
-            chunk,
-            nk,
-            false,
-            ldw,
-            false,
-            ldk,
-            LOWER,
-            FULL,
-            weight_split_a,
-            stage_size,
-            lsk,
+            &sc, &sc_lo, &kb, &kb, &mut stage, plane, planes, chunk, chunk, nk, false, ldw, false,
+            ldk, LOWER, FULL, w_split_a, stage_size, lsk,
         );
         sync_cube();
         let mut acc = Array::<f32>::new(rows_q);
@@ -400,8 +385,8 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     let (levels, nlev) = comptime!((geo.levels, geo.nlev));
     let (threads, planes) = comptime!((geo.threads, geo.threads / 32));
     // Operands of dq and dk only: split in two when the value width is tiled (`Geometry::tiled`).
-    let weight_split_a = comptime!(if geo.tiled { SPLIT_A } else { EXACT });
-    let weight_split_b = comptime!(if geo.tiled { SPLIT_B } else { EXACT });
+    let w_split_a = comptime!(if geo.tiled { SPLIT_A } else { EXACT });
+    let w_split_b = comptime!(if geo.tiled { SPLIT_B } else { EXACT });
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
     let bi = bh / heads;
@@ -445,8 +430,8 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     // A second staging buffer, so that the products of a step whose results are consumed
     // together (the score pair K Qᵀ and V dOᵀ, the dv and dk products, a level's two reads)
     // share one pair of barriers.
-    let stage_k_size = comptime!(stage_len_second(chunk, nk));
-    let mut stage_k = Shared::<[f32]>::new_aligned_slice(stage_k_size, ALIGN);
+    let stage2_len = comptime!(stage_len_second(chunk, nk));
+    let mut stage2 = Shared::<[f32]>::new_aligned_slice(stage2_len, ALIGN);
     let mut lam = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
     let mut graw = Shared::<[f32]>::new_slice(chunk);
     let mut gam = Shared::<[f32]>::new_slice(chunk);
@@ -497,7 +482,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             &vb,
             &ob,
             &ob,
-            &mut stage_k,
+            &mut stage2,
             plane,
             planes,
             chunk,
@@ -510,7 +495,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             FULL,
             UPPER,
             EXACT,
-            stage_k_size,
+            stage2_len,
             lss,
         );
         sync_cube();
@@ -535,7 +520,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             let hi = E::cast_from(x);
             sa[si * ldw + tj] = hi;
             sa_lo[si * ldw + tj] = E::cast_from(x - f32::cast_from(hi));
-            let y = stage_k[si * lss + tj] * w;
+            let y = stage2[si * lss + tj] * w;
             let hi = E::cast_from(y);
             sb[si * ldw + tj] = hi;
             if comptime!(geo.tiled) {
@@ -554,7 +539,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             &sb_lo,
             &qb,
             &qb,
-            &mut stage_k,
+            &mut stage2,
             plane,
             planes,
             chunk,
@@ -566,8 +551,8 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             ldk,
             UPPER,
             FULL,
-            weight_split_a,
-            stage_k_size,
+            w_split_a,
+            stage2_len,
             lsk,
         );
         sync_cube();
@@ -582,7 +567,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         #[unroll]
         for r in 0..rows_k {
             let e = u + r * threads;
-            acc_k[r] = stage_k[(e / nk) * lsk + e % nk];
+            acc_k[r] = stage2[(e / nk) * lsk + e % nk];
         }
         sync_cube();
         // Later chunks (bit i−1 of j clear): dv += kd f K G, dk += kd f V Gᵀ.
@@ -605,7 +590,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                     &vb,
                     &gb,
                     &gb_lo,
-                    &mut stage_k,
+                    &mut stage2,
                     plane,
                     planes,
                     chunk,
@@ -617,8 +602,8 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                     ldv,
                     FULL,
                     FULL,
-                    weight_split_b,
-                    stage_k_size,
+                    w_split_b,
+                    stage2_len,
                     lsk,
                 );
                 sync_cube();
@@ -632,7 +617,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                 for r in 0..rows_k {
                     let e = u + r * threads;
                     let i = e / nk;
-                    acc_k[r] += stage_k[i * lsk + e % nk] * f * kd[i];
+                    acc_k[r] += stage2[i * lsk + e % nk] * f * kd[i];
                 }
                 sync_cube();
             }
