@@ -332,6 +332,18 @@ pub fn chunked_flops(b: usize, t: usize, h: usize, n: usize, p: usize, chunk: us
     2.0 * b as f64 * h as f64 * per_head
 }
 
+/// Rough floating-point work of the chunked form's forward and backward together, counted as
+/// [`chunked_flops`]: the backward recomputes the scores and forms `dO Vᵀ` and the three
+/// in-chunk gradient products (`T·C·(3N+2P)`), and per level above the chunk rebuilds the
+/// forward's states and reads them for `dq`, builds the anticausal states and reads them for
+/// `dk` and `dv` (`5·T·N·P`). Per head, ×2 for multiply-add.
+pub fn chunked_train_flops(b: usize, t: usize, h: usize, n: usize, p: usize, chunk: usize) -> f64 {
+    let levels = num_levels(t).saturating_sub(chunk.trailing_zeros() as usize + 1);
+    let backward = t as f64 * chunk as f64 * (3 * n + 2 * p) as f64
+        + 5.0 * levels as f64 * t as f64 * (n * p) as f64;
+    chunked_flops(b, t, h, n, p, chunk) + 2.0 * b as f64 * h as f64 * backward
+}
+
 /// Runs `bench op`: correctness first, then forward and forward+backward medians per T.
 pub fn bench_op(cfg: &OpBench, device: &Device) -> Result<String> {
     if cfg.variant == OpVariant::Gdn {
@@ -362,13 +374,14 @@ pub fn bench_op(cfg: &OpBench, device: &Device) -> Result<String> {
         &mut out,
         &format!(
             "\nshape: H={}, N={}, P={}, chunk {}, {:?}, B×T = {}; median of {} runs after warm-up; \
-         TFLOP/s counts the chunkwise algorithm's products, GB/s the bytes of q, k, v, g, λ and o\n\n",
+         TFLOP/s counts the chunkwise algorithm's products (forward, and forward with backward), \
+         GB/s the bytes of q, k, v, g, λ and o\n\n",
             cfg.heads, cfg.n, cfg.p, cfg.chunk, cfg.dtype, cfg.tokens, cfg.runs
         ),
     );
     emit(
         &mut out,
-        "| form | T | B | λ | fwd ms | fwd+bwd ms | fwd tokens/s | fwd TFLOP/s | fwd GB/s |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| form | T | B | λ | fwd ms | fwd+bwd ms | fwd tokens/s | fwd TFLOP/s | fwd+bwd TFLOP/s | fwd GB/s |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for &t in &cfg.lengths {
         let b = (cfg.tokens / t).max(1);
@@ -421,6 +434,7 @@ pub fn bench_op(cfg: &OpBench, device: &Device) -> Result<String> {
                 form.to_string()
             };
             let flops = chunked_flops(b, t, cfg.heads, cfg.n, cfg.p, chunk);
+            let train_flops = chunked_train_flops(b, t, cfg.heads, cfg.n, cfg.p, chunk);
             let elem = match cfg.dtype {
                 DType::F64 => 8.0,
                 DType::F32 => 4.0,
@@ -432,10 +446,11 @@ pub fn bench_op(cfg: &OpBench, device: &Device) -> Result<String> {
             emit(
                 &mut out,
                 &format!(
-                    "| {label} | {t} | {b} | {} | {fwd:.2} | {bwd:.2} | {:.0} | {:.1} | {:.0} |\n",
+                    "| {label} | {t} | {b} | {} | {fwd:.2} | {bwd:.2} | {:.0} | {:.1} | {:.1} | {:.0} |\n",
                     if ones { "≡1" } else { "learned" },
                     (b * t) as f64 / (fwd / 1e3),
                     flops / (fwd / 1e3) / 1e12,
+                    train_flops / (bwd / 1e3) / 1e12,
                     bytes / (fwd / 1e3) / 1e9
                 ),
             );
@@ -481,7 +496,7 @@ fn mamba2_row(
     emit(
         out,
         &format!(
-            "| fused Mamba-2 (one state; vs λ ≡ 1 op: {err:.1e}) | {t} | {b} | – | {fwd:.2} | – | {:.0} | | |\n",
+            "| fused Mamba-2 (one state; vs λ ≡ 1 op: {err:.1e}) | {t} | {b} | – | {fwd:.2} | – | {:.0} | | | |\n",
             (b * t) as f64 / (fwd / 1e3)
         ),
     );

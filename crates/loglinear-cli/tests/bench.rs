@@ -5,7 +5,9 @@
 use burn::prelude::*;
 use burn::tensor::DType;
 use loglinear::ops::Form;
-use loglinear_cli::bench::{OpBench, OpVariant, bench_op, parse_form};
+use loglinear_cli::bench::{
+    OpBench, OpVariant, bench_op, chunked_flops, chunked_train_flops, parse_form,
+};
 
 #[test]
 fn bench_op_checks_then_times_each_form_on_the_cpu() {
@@ -35,8 +37,29 @@ fn bench_op_checks_then_times_each_form_on_the_cpu() {
     ] {
         assert!(report.contains(row), "missing {row:?} in\n{report}");
     }
+    // Every row has the header's columns (fwd+bwd TFLOP/s among them).
+    let table: Vec<&str> = report.lines().filter(|l| l.starts_with("| ")).collect();
+    assert!(table[0].contains("| fwd+bwd TFLOP/s |"), "{report}");
+    let columns = |l: &str| l.matches('|').count();
+    assert!(
+        table.iter().all(|l| columns(l) == columns(table[0])),
+        "{report}"
+    );
     assert!(parse_form("fast", 16).is_err());
     assert_eq!(parse_form("parallel", 16).unwrap(), Form::Parallel);
+}
+
+/// The FLOP counts behind bench op's TFLOP/s, by hand at T = 64, chunk 32, N = P = 16: one
+/// level above the chunk (`num_levels(64) = 7`, chunk levels 6). Forward per head:
+/// `64·32·32 + 2·64·256 = 98,304`; backward: `64·32·(3·16 + 2·16) + 5·64·256 = 245,760`;
+/// ×2 for multiply-add, ×B·H = 3.
+#[test]
+fn op_flop_counts_match_the_hand_count() {
+    assert_eq!(chunked_flops(1, 64, 3, 16, 16, 32), 2.0 * 3.0 * 98_304.0);
+    assert_eq!(
+        chunked_train_flops(1, 64, 3, 16, 16, 32),
+        2.0 * 3.0 * (98_304.0 + 245_760.0)
+    );
 }
 
 /// The Gated DeltaNet op: its chunked form checked against its f64 parallel form (T = 200, a
