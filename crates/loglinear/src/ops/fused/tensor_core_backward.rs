@@ -121,7 +121,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     let (chunk, nk, pt) = comptime!((geo.chunk, geo.nk, geo.pt));
     let (levels, nlev) = comptime!((geo.levels, geo.nlev));
     let (threads, planes) = comptime!((geo.threads, geo.threads / 32));
-    // Operands of dq and dk only: split in two when the value width is tiled (`Geometry::tiled`).
+    // The dq weights: split in two only when the value width is tiled (`Geometry::tiled`).
     let w_split_a = comptime!(if geo.tiled { SPLIT_A } else { EXACT });
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
@@ -384,7 +384,8 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     let (chunk, nk, pt) = comptime!((geo.chunk, geo.nk, geo.pt));
     let (levels, nlev) = comptime!((geo.levels, geo.nlev));
     let (threads, planes) = comptime!((geo.threads, geo.threads / 32));
-    // Operands of dq and dk only: split in two when the value width is tiled (`Geometry::tiled`).
+    // The dk weights and dk's level reads: split in two only when the value width is tiled
+    // (`Geometry::tiled`).
     let w_split_a = comptime!(if geo.tiled { SPLIT_A } else { EXACT });
     let w_split_b = comptime!(if geo.tiled { SPLIT_B } else { EXACT });
     let bh = CUBE_POS_X as usize;
