@@ -50,7 +50,7 @@ fn bench_op_checks_then_times_each_form_on_the_cpu() {
 }
 
 /// The FLOP counts behind bench op's TFLOP/s, by hand at T = 64, chunk 32, N = P = 16: one
-/// level above the chunk (`num_levels(64) = 7`, chunk levels 6). Forward per head:
+/// level above the chunk (`num_levels(64) = 7`, of which a chunk of 32 holds 6). Forward per head:
 /// `64·32·32 + 2·64·256 = 98,304`; backward: `64·32·(3·16 + 2·16) + 5·64·256 = 245,760`;
 /// ×2 for multiply-add, ×B·H = 3.
 #[test]
