@@ -20,7 +20,7 @@ use cubecl::prelude::*;
 
 use super::cube::{
     Geometry, REWRITES_CLEAR_BITS, REWRITES_SET_BITS, THREADS, advance_scales, bitlen, load_chunk,
-    row,
+    row, trailing_ones,
 };
 
 /// Causal half of the backward: `dq` (per value tile) and `dλ` (per value tile).
@@ -242,8 +242,8 @@ pub fn causal_backward_kernel<E: Float, G: Float>(
                 }
             }
         }
-        // This chunk's key state Σ_i e^{γlast−γi} v_i k_iᵀ (value-major) joins every level
-        // whose period has chunk j in its first half; the first chunk of a period starts it.
+        // This chunk's key state Σ_i e^{γlast−γi} v_i k_iᵀ (value-major) and the levels of the
+        // trailing ones of j (all read above) become level `ones` (see `tensor_core::carry_len`).
         if nlev > 0 {
             let mut ks = Array::<f32>::new(comptime!(rows_p * cp));
             #[unroll]
@@ -268,25 +268,22 @@ pub fn causal_backward_kernel<E: Float, G: Float>(
                 }
             }
             let chunk_decay = eg[comptime!(chunk - 1)];
-            for lvi in 0..nlev {
-                if (j >> lvi) & 1 == 0 {
-                    let base = state_base + lvi * level_size;
-                    let fresh = j % (2usize << lvi) == 0;
-                    let f = scale[lvi] * chunk_decay;
+            let ones = trailing_ones(j);
+            if ones < nlev && log_c + ones + 1 < levels {
+                #[unroll]
+                for r in 0..rows_p {
+                    let pp = rb + r * rg;
                     #[unroll]
-                    for r in 0..rows_p {
-                        let pp = rb + r * rg;
-                        #[unroll]
-                        for c in 0..cp {
-                            let n = cn + c * cs;
-                            if pp < pt && n < nk {
-                                let e = base + pp * nk + n;
-                                let mut old = 0.0f32;
-                                if !fresh {
-                                    old = states[e] * f;
-                                }
-                                states[e] = old + ks[r * cp + c];
+                    for c in 0..cp {
+                        let n = cn + c * cs;
+                        if pp < pt && n < nk {
+                            let e = pp * nk + n;
+                            let mut sum = 0.0f32;
+                            for lvi in 0..ones {
+                                sum += states[state_base + lvi * level_size + e] * scale[lvi];
                             }
+                            states[state_base + ones * level_size + e] =
+                                sum * chunk_decay + ks[r * cp + c];
                         }
                     }
                 }

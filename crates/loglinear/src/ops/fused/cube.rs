@@ -63,6 +63,17 @@ pub fn bitlen(x: usize) -> usize {
     n
 }
 
+/// Number of trailing one bits of `j`: the level into which causal chunk `j` carries the levels
+/// it retires (see `tensor_core::carry_len`).
+#[cube]
+pub fn trailing_ones(j: usize) -> usize {
+    let mut ones = 0usize;
+    while (j >> ones) & 1 == 1 {
+        ones += 1;
+    }
+    ones
+}
+
 /// Flat offset of token `t` of (batch `b`, head `h`) in a `[B, T, H, width]` tensor.
 #[cube]
 pub fn row(b: usize, t: usize, h: usize, seq: usize, heads: usize, width: usize) -> usize {
@@ -382,10 +393,9 @@ pub fn causal_kernel<E: Float, G: Float>(
                 out[row(bi, t, h, seq, heads, width) + p] = acc[r];
             }
         }
-        // (7) This chunk's key state Σ_i e^{γlast−γi} b_i c_iᵀ joins every level whose period
-        // has chunk j in its first half; the first chunk of a period starts it afresh. A level
-        // is never read and rewritten by one chunk — but Mamba-2's single state is, so every
-        // unit must have read it before any rewrites it.
+        // (7) This chunk's key state Σ_i e^{γlast−γi} b_i c_iᵀ and the levels the chunk
+        // retires become one level. A level is never read and rewritten by one chunk — but
+        // Mamba-2's single state is, so every unit must have read it before any rewrites it.
         if single {
             sync_cube();
         }
@@ -406,26 +416,35 @@ pub fn causal_kernel<E: Float, G: Float>(
                 }
             }
             let chunk_decay = eg[comptime!(chunk - 1)];
-            for lvi in 0..nlev {
-                let mut write = (j >> lvi) & 1 == 0;
-                let mut fresh = j % (2usize << lvi) == 0;
-                if single {
-                    write = true;
-                    fresh = j == 0;
+            if single {
+                let f = scale[0] * chunk_decay;
+                #[unroll]
+                for r in 0..rows_state {
+                    let n = rbase + r * rstep;
+                    if n < nk {
+                        let e = state_base + n * pt + pc;
+                        let mut old = 0.0f32;
+                        if j > 0 {
+                            old = states[e] * f;
+                        }
+                        states[e] = old + ks[r];
+                    }
                 }
-                if write {
-                    let base = state_base + lvi * level_size;
-                    let f = scale[lvi] * chunk_decay;
+            } else {
+                // The levels of the trailing ones of j (all read above) and this chunk's state
+                // become level `ones`; no other level changes (see `tensor_core::carry_len`).
+                let ones = trailing_ones(j);
+                if ones < nlev && log_c + ones + 1 < levels {
                     #[unroll]
                     for r in 0..rows_state {
                         let n = rbase + r * rstep;
                         if n < nk {
                             let e = n * pt + pc;
-                            let mut old = 0.0f32;
-                            if !fresh {
-                                old = states[base + e] * f;
+                            let mut sum = 0.0f32;
+                            for lvi in 0..ones {
+                                sum += states[state_base + lvi * level_size + e] * scale[lvi];
                             }
-                            states[base + e] = old + ks[r];
+                            states[state_base + ones * level_size + e] = sum * chunk_decay + ks[r];
                         }
                     }
                 }

@@ -480,7 +480,7 @@ fn vector_size(inputs: &[&CubeTensor]) -> usize {
 }
 
 /// Runs [`vector_helpers_probe_kernel`](super::tensor_core::vector_helpers_probe_kernel) on
-/// `device` and returns `(rows, level)`; `x` is `[1, seq, 1, width]`, `states` `2·len` floats.
+/// `device` and returns `(rows, level, carried)`; `x` is `[1, seq, 1, width]`, `states` `2·len` floats.
 /// (`chunk`, `cols`, `len`) ∈ {(16, 16, 256), (64, 32, 2048)}: the kernel's shapes are compiled in.
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
@@ -494,7 +494,7 @@ pub fn probe_vector_helpers(
     f: f32,
     fresh: bool,
     (chunk, cols, len): (usize, usize, usize),
-) -> (Vec<f32>, Vec<f32>) {
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     use super::tensor_core::vector_helpers_probe_kernel;
     assert_eq!(
         x.len(),
@@ -522,6 +522,7 @@ pub fn probe_vector_helpers(
     let s_h = upload(states);
     let rows_h = upload(&vec![f32::NAN; chunk * cols]);
     let level_h = upload(&vec![f32::NAN; len]);
+    let carried_h = upload(&vec![f32::NAN; len]);
     vector_helpers_probe_kernel::launch(
         &client,
         CubeCount::Static(1, 1, 1),
@@ -531,6 +532,7 @@ pub fn probe_vector_helpers(
         arg(&s_h, vec![2 * len]),
         arg(&rows_h, vec![chunk * cols]),
         arg(&level_h, vec![len]),
+        arg(&carried_h, vec![len]),
         seq,
         width,
         t0,
@@ -550,5 +552,5 @@ pub fn probe_vector_helpers(
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect()
     };
-    (read(rows_h), read(level_h))
+    (read(rows_h), read(level_h), read(carried_h))
 }

@@ -429,7 +429,7 @@ pub fn probe_vector_helpers(
     f: f32,
     fresh: bool,
     shape: (usize, usize, usize),
-) -> (Vec<f32>, Vec<f32>) {
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     match device.clone().inner().as_dispatch() {
         DispatchDevice::Cube(cube) => {
             launch::probe_vector_helpers(cube, x, seq, width, start, states, f, fresh, shape)

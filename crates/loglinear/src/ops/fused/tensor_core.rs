@@ -28,6 +28,7 @@ use cubecl::prelude::*;
 
 use super::cube::{
     Geometry, REWRITES_ALL, REWRITES_CLEAR_BITS, THREADS, advance_scales, bitlen, load_decays, row,
+    trailing_ones,
 };
 
 /// Edge of one tensor-core tile.
@@ -171,6 +172,17 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
         }
         sync_cube();
         // (4) Earlier chunks: chunk level i is read when bit i−1 of j is set.
+        // The levels of the trailing ones of j are read here and then retired: their sum,
+        // decayed by this chunk, plus this chunk's key state becomes level `ones` in (5).
+        let mut carry = Array::<Vector<f32, StateVec>>::new(comptime!(carry_len(nk, pt, threads)));
+        let mut ones = 0usize;
+        if !single {
+            #[unroll]
+            for r in 0..comptime!(carry_len(nk, pt, threads)) {
+                carry[r] = Vector::<f32, StateVec>::zeroed();
+            }
+            ones = trailing_ones(j);
+        }
         for lvi in 0..nlev {
             let token_level = log_c + lvi + 1;
             let mut read = (j >> lvi) & 1 == 1 && token_level < levels;
@@ -179,10 +191,13 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
             }
             if read {
                 let base = state_base + lvi * comptime!(level_size / 4);
-                read_level::<E>(
+                read_level_carry::<E>(
                     states,
                     &mut scratch,
                     &mut unused,
+                    &mut carry,
+                    scale[lvi],
+                    lvi < ones,
                     base,
                     u,
                     nk,
@@ -218,8 +233,8 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
                 out[row(bi, t, h, seq, heads, width) + p] = acc[r];
             }
         }
-        // (5) This chunk's key state Kᵀ (kd ⊙ V) joins every level whose period has chunk j in
-        // its first half; the first chunk of a period starts it afresh.
+        // (5) This chunk's key state Kᵀ (kd ⊙ V) and the levels it retired become level `ones`
+        // (see `carry_len`); Mamba-2's one state decays and takes it.
         if nlev > 0 {
             // Key-decayed values kd ⊙ V (the scratch buffer is free: every read of it ended
             // before the last barrier).
@@ -237,10 +252,34 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
                 false, ldv, FULL, FULL, EXACT, stage_size, lso,
             );
             sync_cube();
-            merge_key_state(
-                states, &stage, &scale, &eg, u, j, state_base, chunk, nk, pt, lso, nlev, single,
-                threads,
-            );
+            if single {
+                // Mamba-2: the one state decays through the chunk and takes its key state.
+                merge_level(
+                    states,
+                    &stage,
+                    state_base,
+                    scale[0] * eg[comptime!(chunk - 1)],
+                    j == 0,
+                    u,
+                    nk,
+                    pt,
+                    lso,
+                    threads,
+                );
+            } else if ones < nlev && log_c + ones + 1 < levels {
+                write_carry(
+                    states,
+                    &stage,
+                    &carry,
+                    eg[comptime!(chunk - 1)],
+                    state_base + ones * comptime!(level_size / 4),
+                    u,
+                    nk,
+                    pt,
+                    lso,
+                    threads,
+                );
+            }
         }
         sync_storage();
         advance_scales(
@@ -321,18 +360,23 @@ pub fn tile_matmul<E: Float>(
     } else {
         MatrixLayout::RowMajor
     });
-    let mut ot = plane;
-    while ot < comptime!(rows / TILE * (cols / TILE)) {
-        let ti = ot / col_tiles;
-        let tp = ot % col_tiles;
-        let mut wanted = true;
-        if out_tri == LOWER {
-            wanted = tp <= ti;
-        }
-        if out_tri == UPPER {
-            wanted = tp >= ti;
-        }
-        if wanted {
+    // Full products with an even number of output tiles per plane take them two at a time
+    // (`ot`, `ot + planes`): two independent accumulator chains, and one B fragment for both
+    // where the two tiles share a column (1.04× on forward+backward at T = 8192, H100; bench/
+    // RESULTS.md session 24).
+    let paired = comptime!(
+        a_tri == FULL
+            && out_tri == FULL
+            && (rows / TILE * (cols / TILE)).is_multiple_of(2 * planes)
+    );
+    let share_b = comptime!(planes.is_multiple_of(col_tiles));
+    if paired {
+        let mut ot = plane;
+        while ot < comptime!(rows / TILE * (cols / TILE)) {
+            let ti = ot / col_tiles;
+            let tp = ot % col_tiles;
+            let ti2 = (ot + planes) / col_tiles;
+            let tp2 = (ot + planes) % col_tiles;
             let acc = Matrix::<f32>::from_value(
                 MatrixIdent::Accumulator,
                 TILE,
@@ -341,65 +385,130 @@ pub fn tile_matmul<E: Float>(
                 MatrixLayout::Undefined,
                 0.0f32,
             );
+            let acc2 = Matrix::<f32>::from_value(
+                MatrixIdent::Accumulator,
+                TILE,
+                TILE,
+                TILE,
+                MatrixLayout::Undefined,
+                0.0f32,
+            );
             for kk in 0..inner_tiles {
-                let mut nonzero = true;
-                if a_tri == LOWER {
-                    nonzero = kk <= ti;
+                let mut a_off = ti * TILE * lda + kk * TILE;
+                let mut a_off2 = ti2 * TILE * lda + kk * TILE;
+                if a_col {
+                    a_off = kk * TILE * lda + ti * TILE;
+                    a_off2 = kk * TILE * lda + ti2 * TILE;
                 }
-                if a_tri == UPPER {
-                    nonzero = kk >= ti;
+                let mut b_off = kk * TILE * ldb + tp * TILE;
+                let mut b_off2 = kk * TILE * ldb + tp2 * TILE;
+                if b_col {
+                    b_off = tp * TILE * ldb + kk * TILE;
+                    b_off2 = tp2 * TILE * ldb + kk * TILE;
                 }
-                if nonzero {
-                    let mut a_off = ti * TILE * lda + kk * TILE;
-                    if a_col {
-                        a_off = kk * TILE * lda + ti * TILE;
-                    }
-                    let mut b_off = kk * TILE * ldb + tp * TILE;
-                    if b_col {
-                        b_off = tp * TILE * ldb + kk * TILE;
-                    }
-                    let am = Matrix::<E>::from_slice(
-                        MatrixIdent::A,
-                        TILE,
-                        TILE,
-                        TILE,
-                        a_layout,
-                        a.slice(a_off, a_len),
-                        lda as u32,
-                    );
-                    let bm = Matrix::<E>::from_slice(
+                let am = Matrix::<E>::from_slice(
+                    MatrixIdent::A,
+                    TILE,
+                    TILE,
+                    TILE,
+                    a_layout,
+                    a.slice(a_off, a_len),
+                    lda as u32,
+                );
+                let am2 = Matrix::<E>::from_slice(
+                    MatrixIdent::A,
+                    TILE,
+                    TILE,
+                    TILE,
+                    a_layout,
+                    a.slice(a_off2, a_len),
+                    lda as u32,
+                );
+                let bm = Matrix::<E>::from_slice(
+                    MatrixIdent::B,
+                    TILE,
+                    TILE,
+                    TILE,
+                    b_layout,
+                    b.slice(b_off, b_len),
+                    ldb as u32,
+                );
+                if share_b {
+                    cmma::execute(&am, &bm, &acc, &acc);
+                    cmma::execute(&am2, &bm, &acc2, &acc2);
+                } else {
+                    let bm2 = Matrix::<E>::from_slice(
                         MatrixIdent::B,
                         TILE,
                         TILE,
                         TILE,
                         b_layout,
-                        b.slice(b_off, b_len),
+                        b.slice(b_off2, b_len),
                         ldb as u32,
                     );
                     cmma::execute(&am, &bm, &acc, &acc);
-                    if split == SPLIT_A {
-                        let am2 = Matrix::<E>::from_slice(
-                            MatrixIdent::A,
-                            TILE,
-                            TILE,
-                            TILE,
-                            a_layout,
-                            a2.slice(a_off, a_len),
-                            lda as u32,
-                        );
-                        cmma::execute(&am2, &bm, &acc, &acc);
-                    }
-                    if split == SPLIT_B {
+                    cmma::execute(&am2, &bm2, &acc2, &acc2);
+                }
+                if split == SPLIT_A {
+                    let al = Matrix::<E>::from_slice(
+                        MatrixIdent::A,
+                        TILE,
+                        TILE,
+                        TILE,
+                        a_layout,
+                        a2.slice(a_off, a_len),
+                        lda as u32,
+                    );
+                    let al2 = Matrix::<E>::from_slice(
+                        MatrixIdent::A,
+                        TILE,
+                        TILE,
+                        TILE,
+                        a_layout,
+                        a2.slice(a_off2, a_len),
+                        lda as u32,
+                    );
+                    if share_b {
+                        cmma::execute(&al, &bm, &acc, &acc);
+                        cmma::execute(&al2, &bm, &acc2, &acc2);
+                    } else {
                         let bm2 = Matrix::<E>::from_slice(
                             MatrixIdent::B,
                             TILE,
                             TILE,
                             TILE,
                             b_layout,
-                            b2.slice(b_off, b_len),
+                            b.slice(b_off2, b_len),
                             ldb as u32,
                         );
-                        cmma::execute(&am, &bm2, &acc, &acc);
+                        cmma::execute(&al, &bm, &acc, &acc);
+                        cmma::execute(&al2, &bm2, &acc2, &acc2);
+                    }
+                }
+                if split == SPLIT_B {
+                    let bl = Matrix::<E>::from_slice(
+                        MatrixIdent::B,
+                        TILE,
+                        TILE,
+                        TILE,
+                        b_layout,
+                        b2.slice(b_off, b_len),
+                        ldb as u32,
+                    );
+                    cmma::execute(&am, &bl, &acc, &acc);
+                    if share_b {
+                        cmma::execute(&am2, &bl, &acc2, &acc2);
+                    } else {
+                        let bl2 = Matrix::<E>::from_slice(
+                            MatrixIdent::B,
+                            TILE,
+                            TILE,
+                            TILE,
+                            b_layout,
+                            b2.slice(b_off2, b_len),
+                            ldb as u32,
+                        );
+                        cmma::execute(&am2, &bl2, &acc2, &acc2);
                     }
                 }
             }
@@ -409,8 +518,106 @@ pub fn tile_matmul<E: Float>(
                 ldc as u32,
                 MatrixLayout::RowMajor,
             );
+            cmma::store(
+                stage.slice_mut(ti2 * TILE * ldc + tp2 * TILE, stage_size),
+                &acc2,
+                ldc as u32,
+                MatrixLayout::RowMajor,
+            );
+            ot += comptime!(2 * planes);
         }
-        ot += planes;
+    } else {
+        let mut ot = plane;
+        while ot < comptime!(rows / TILE * (cols / TILE)) {
+            let ti = ot / col_tiles;
+            let tp = ot % col_tiles;
+            let mut wanted = true;
+            if out_tri == LOWER {
+                wanted = tp <= ti;
+            }
+            if out_tri == UPPER {
+                wanted = tp >= ti;
+            }
+            if wanted {
+                let acc = Matrix::<f32>::from_value(
+                    MatrixIdent::Accumulator,
+                    TILE,
+                    TILE,
+                    TILE,
+                    MatrixLayout::Undefined,
+                    0.0f32,
+                );
+                for kk in 0..inner_tiles {
+                    let mut nonzero = true;
+                    if a_tri == LOWER {
+                        nonzero = kk <= ti;
+                    }
+                    if a_tri == UPPER {
+                        nonzero = kk >= ti;
+                    }
+                    if nonzero {
+                        let mut a_off = ti * TILE * lda + kk * TILE;
+                        if a_col {
+                            a_off = kk * TILE * lda + ti * TILE;
+                        }
+                        let mut b_off = kk * TILE * ldb + tp * TILE;
+                        if b_col {
+                            b_off = tp * TILE * ldb + kk * TILE;
+                        }
+                        let am = Matrix::<E>::from_slice(
+                            MatrixIdent::A,
+                            TILE,
+                            TILE,
+                            TILE,
+                            a_layout,
+                            a.slice(a_off, a_len),
+                            lda as u32,
+                        );
+                        let bm = Matrix::<E>::from_slice(
+                            MatrixIdent::B,
+                            TILE,
+                            TILE,
+                            TILE,
+                            b_layout,
+                            b.slice(b_off, b_len),
+                            ldb as u32,
+                        );
+                        cmma::execute(&am, &bm, &acc, &acc);
+                        if split == SPLIT_A {
+                            let am2 = Matrix::<E>::from_slice(
+                                MatrixIdent::A,
+                                TILE,
+                                TILE,
+                                TILE,
+                                a_layout,
+                                a2.slice(a_off, a_len),
+                                lda as u32,
+                            );
+                            cmma::execute(&am2, &bm, &acc, &acc);
+                        }
+                        if split == SPLIT_B {
+                            let bm2 = Matrix::<E>::from_slice(
+                                MatrixIdent::B,
+                                TILE,
+                                TILE,
+                                TILE,
+                                b_layout,
+                                b2.slice(b_off, b_len),
+                                ldb as u32,
+                            );
+                            cmma::execute(&am, &bm2, &acc, &acc);
+                        }
+                    }
+                }
+                cmma::store(
+                    stage.slice_mut(ti * TILE * ldc + tp * TILE, stage_size),
+                    &acc,
+                    ldc as u32,
+                    MatrixLayout::RowMajor,
+                );
+            }
+            ot += planes;
+        }
     }
 }
 
@@ -522,55 +729,6 @@ pub fn load_rows<E: Float, N: Size>(
     }
 }
 
-/// Merges a chunk's key state (`stage[nk × pt]`, f32) into every causal level state whose period
-/// has chunk `j` in its first half — `U = (fresh ? 0 : scale · e^{γ_last} U) + stage`, fresh at a
-/// period's first chunk — or, with `single` (Mamba-2), into the one state every chunk.
-/// `states` and `state_base` count [`StateVec`] vectors; `stage` rows are `ld` apart.
-// `%` rather than `is_multiple_of`, which kernel code cannot expand.
-#[allow(clippy::too_many_arguments, clippy::manual_is_multiple_of)]
-#[cube]
-pub fn merge_key_state(
-    states: &mut Tensor<Vector<f32, StateVec>>,
-    stage: &Shared<[f32]>,
-    scale: &Shared<[f32]>,
-    eg: &Shared<[f32]>,
-    u: usize,
-    j: usize,
-    state_base: usize,
-    #[comptime] chunk: usize,
-    #[comptime] nk: usize,
-    #[comptime] pt: usize,
-    #[comptime] ld: usize,
-    #[comptime] nlev: usize,
-    #[comptime] single: bool,
-    #[comptime] threads: usize,
-) {
-    let chunk_decay = eg[comptime!(chunk - 1)];
-    for lvi in 0..nlev {
-        let mut write = (j >> lvi) & 1 == 0;
-        let mut fresh = j % (2usize << lvi) == 0;
-        if single {
-            write = true;
-            fresh = j == 0;
-        }
-        if write {
-            let base = state_base + lvi * comptime!(nk * pt / 4);
-            merge_level(
-                states,
-                stage,
-                base,
-                scale[lvi] * chunk_decay,
-                fresh,
-                u,
-                nk,
-                pt,
-                ld,
-                threads,
-            );
-        }
-    }
-}
-
 /// One level state (`rows × cols` floats, row-major, at vector `base` of `states`) becomes
 /// `(fresh ? 0 : f U) + stage` (`stage` rows `ld` apart): four floats per access, every load of
 /// a unit issued before its first store.
@@ -666,6 +824,118 @@ pub fn read_level<E: Float>(
     }
 }
 
+/// How the causal kernels keep their level states: as a binary counter of chunks. Before chunk
+/// `j`, the set bits of `j` are exactly the levels the chunk reads, and level `i`'s state is the
+/// key half of its period (chunks `j & !(2^(i+1) − 1)` up to `2^i` on). Chunk `j` turns the
+/// trailing ones of `j` (levels `0 … r−1`, all read by it) into bit `r`: level `r` becomes
+/// `e^{γ_last} Σ_{i<r} scale_i U_i + KS_j`, written once, and the retired levels are dead until
+/// a later carry rewrites them (so [`advance_scales`] with `REWRITES_CLEAR_BITS` stays right:
+/// of the levels whose bit is clear only `r` is live, and its factor restarts at 1). Per chunk that is one level written instead of a
+/// read-modify-write of every level whose bit is clear (half of them), and no extra reads: the
+/// sum is taken from the reads the chunk makes anyway ([`read_level_carry`]). Forward 1.32×
+/// faster at T = 8192 on the H100 (bench/RESULTS.md session 24).
+///
+/// Vectors of a level state held per unit for the carry (`nk × pt` floats, four per vector).
+pub const fn carry_len(nk: usize, pt: usize, threads: usize) -> usize {
+    (nk * pt / 4).div_ceil(threads)
+}
+
+/// [`read_level`] that also adds `f ·` the state to `carry` when `add` (each unit its own
+/// vectors: trip `r` of unit `u` is vector `u + r·threads`, as in [`write_carry`]): the causal
+/// kernels sum the levels a chunk reads and then retires (see [`carry_len`]).
+#[allow(clippy::too_many_arguments)]
+#[cube]
+pub fn read_level_carry<E: Float>(
+    states: &mut Tensor<Vector<f32, StateVec>>,
+    hi: &mut Shared<[E]>,
+    lo: &mut Shared<[E]>,
+    carry: &mut Array<Vector<f32, StateVec>>,
+    f: f32,
+    add: bool,
+    base: usize,
+    u: usize,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] ld: usize,
+    #[comptime] split: bool,
+    #[comptime] threads: usize,
+) {
+    let per_row = comptime!(cols / 4);
+    let total = comptime!(rows * cols / 4);
+    let trips = comptime!(total.div_ceil(threads));
+    let mut held = Array::<Vector<f32, StateVec>>::new(trips);
+    #[unroll]
+    for r in 0..trips {
+        let idx = u + r * threads;
+        let mut x = Vector::<f32, StateVec>::zeroed();
+        if idx < total {
+            x = states[base + idx];
+        }
+        held[r] = x;
+    }
+    #[unroll]
+    for r in 0..trips {
+        let idx = u + r * threads;
+        if idx < total {
+            let x = held[r];
+            let first = (idx / per_row) * ld + (idx % per_row) * 4;
+            #[unroll]
+            for e in 0..4 {
+                let xe = x.extract(e);
+                let h = E::cast_from(xe);
+                hi[first + e] = h;
+                if split {
+                    lo[first + e] = E::cast_from(xe - f32::cast_from(h));
+                }
+            }
+            if add {
+                let mut c = carry[r];
+                #[unroll]
+                for e in 0..4usize {
+                    c.insert(e, c.extract(e) + f * x.extract(e));
+                }
+                carry[r] = c;
+            }
+        }
+    }
+}
+
+/// The level a causal chunk writes (`rows × cols` floats at vector `base`): `f · carry + stage`
+/// (`stage` rows `ld` apart), four floats per store, vectors mapped to units as in
+/// [`read_level_carry`].
+#[allow(clippy::too_many_arguments)]
+#[cube]
+pub fn write_carry(
+    states: &mut Tensor<Vector<f32, StateVec>>,
+    stage: &Shared<[f32]>,
+    carry: &Array<Vector<f32, StateVec>>,
+    f: f32,
+    base: usize,
+    u: usize,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] ld: usize,
+    #[comptime] threads: usize,
+) {
+    let per_row = comptime!(cols / 4);
+    let total = comptime!(rows * cols / 4);
+    let trips = comptime!(total.div_ceil(threads));
+    #[unroll]
+    for r in 0..trips {
+        let idx = u + r * threads;
+        if idx < total {
+            let c = carry[r];
+            let first = (idx / per_row) * ld + (idx % per_row) * 4;
+            let mut x = Vector::<f32, StateVec>::zeroed();
+            #[unroll]
+            for e in 0..4 {
+                x.insert(e, c.extract(e) * f + stage[first + e]);
+            }
+            states[base + idx] = x;
+        }
+    }
+}
+
 /// Test probe of the vector-access helpers ([`load_rows`] with vectors, [`merge_level`],
 /// [`read_level`]) in one cube: the tensor-core kernels that use them need `cmma`, which
 /// software Vulkan lacks, so the probe lets CPU-only CI run the same helper code on f32.
@@ -681,6 +951,7 @@ pub fn vector_helpers_probe_kernel<N: Size>(
     states: &mut Tensor<Vector<f32, StateVec>>,
     rows: &mut Tensor<f32>,
     level: &mut Tensor<f32>,
+    carried: &mut Tensor<f32>,
     seq: usize,
     width: usize,
     t0: usize,
@@ -737,6 +1008,52 @@ pub fn vector_helpers_probe_kernel<N: Size>(
     while idx < len {
         let at = (idx / cols) * ld + idx % cols;
         level[idx] = hi[at] + lo[at];
+        idx += THREADS;
+    }
+    sync_cube();
+    // The carry: f·(merged level) + 0.5·(first level), a third read that must not add, then
+    // the first level rewritten as 1.5·carry + the loaded rows.
+    let mut carry =
+        Array::<Vector<f32, StateVec>>::new(comptime!(carry_len(rows_level, cols, THREADS)));
+    #[unroll]
+    for r in 0..comptime!(carry_len(rows_level, cols, THREADS)) {
+        carry[r] = Vector::<f32, StateVec>::zeroed();
+    }
+    read_level_carry::<f32>(
+        states,
+        &mut hi,
+        &mut lo,
+        &mut carry,
+        f,
+        true,
+        comptime!(len / 4),
+        u,
+        rows_level,
+        cols,
+        ld,
+        true,
+        THREADS,
+    );
+    read_level_carry::<f32>(
+        states, &mut hi, &mut lo, &mut carry, 0.5f32, true, 0usize, u, rows_level, cols, ld, false,
+        THREADS,
+    );
+    read_level_carry::<f32>(
+        states, &mut hi, &mut lo, &mut carry, 7.0f32, false, 0usize, u, rows_level, cols, ld,
+        false, THREADS,
+    );
+    sync_storage();
+    write_carry(
+        states, &buf, &carry, 1.5f32, 0usize, u, rows_level, cols, ld, THREADS,
+    );
+    sync_storage();
+    idx = u;
+    while idx < comptime!(len / 4) {
+        let x = states[idx];
+        #[unroll]
+        for e in 0..4usize {
+            carried[idx * 4 + e] = x.extract(e);
+        }
         idx += THREADS;
     }
 }

@@ -29,10 +29,12 @@ use cubecl::prelude::*;
 
 use super::cube::{
     Geometry, REWRITES_CLEAR_BITS, REWRITES_SET_BITS, advance_scales, bitlen, load_decays, row,
+    trailing_ones,
 };
 use super::tensor_core::{
-    ALIGN, EXACT, FULL, LOWER, SPLIT_A, SPLIT_B, StateVec, UPPER, load_rows, merge_key_state,
-    merge_level, read_level, row_len_f32, row_len_input, tile_matmul,
+    ALIGN, EXACT, FULL, LOWER, SPLIT_A, SPLIT_B, StateVec, UPPER, carry_len, load_rows,
+    merge_level, read_level, read_level_carry, row_len_f32, row_len_input, tile_matmul,
+    write_carry,
 };
 
 /// f32 elements of the backward kernels' staging buffer: the largest product (`C × C`,
@@ -281,12 +283,32 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         sync_cube();
         // Earlier chunks (bit i−1 of j set): X = dO Hᵀ (`C × nk`), dq += λ e f X and
         // dλ = e f q·X (row sums by one owner unit per row).
+        // The levels of the trailing ones of j are read here and then retired: their sum, decayed
+        // by this chunk, plus this chunk's state becomes level `ones` (see `write_carry`).
+        let mut carry = Array::<Vector<f32, StateVec>>::new(comptime!(carry_len(nk, pt, threads)));
+        #[unroll]
+        for r in 0..comptime!(carry_len(nk, pt, threads)) {
+            carry[r] = Vector::<f32, StateVec>::zeroed();
+        }
+        let ones = trailing_ones(j);
         for lvi in 0..nlev {
             let token_level = log_c + lvi + 1;
             if (j >> lvi) & 1 == 1 && token_level < levels {
                 let base = state_base + lvi * comptime!(level_size / 4);
-                read_level::<E>(
-                    states, &mut hb, &mut hb_lo, base, u, nk, pt, ldv, true, threads,
+                read_level_carry::<E>(
+                    states,
+                    &mut hb,
+                    &mut hb_lo,
+                    &mut carry,
+                    scale[lvi],
+                    lvi < ones,
+                    base,
+                    u,
+                    nk,
+                    pt,
+                    ldv,
+                    true,
+                    threads,
                 );
                 sync_cube();
                 // Hᵀ: the key-major state read column-major.
@@ -332,18 +354,28 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                 dq[(((tile * batch + bi) * seq + t) * heads + h) * nk + e % nk] = acc[r];
             }
         }
-        // This chunk's key state Kᵀ (kd ⊙ V) joins the levels whose period has chunk j in its
-        // first half (the forward's state, key-major).
+        // This chunk's key state Kᵀ (kd ⊙ V) and the levels it retired become level `ones`
+        // (the forward's state, key-major; see `tensor_core::carry_len`).
         if nlev > 0 {
             tile_matmul::<E>(
                 &kb, &kb, &vt, &vt_lo, &mut stage, plane, planes, nk, chunk, pt, true, ldk, false,
                 ldv, FULL, FULL, SPLIT_B, stage_size, lsv,
             );
             sync_cube();
-            merge_key_state(
-                states, &stage, &scale, &eg, u, j, state_base, chunk, nk, pt, lsv, nlev, false,
-                threads,
-            );
+            if ones < nlev && log_c + ones + 1 < levels {
+                write_carry(
+                    states,
+                    &stage,
+                    &carry,
+                    eg[comptime!(chunk - 1)],
+                    state_base + ones * comptime!(level_size / 4),
+                    u,
+                    nk,
+                    pt,
+                    lsv,
+                    threads,
+                );
+            }
         }
         sync_storage();
         advance_scales(
