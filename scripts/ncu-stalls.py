@@ -57,6 +57,9 @@ def stall_reasons(report):
         for i, name in enumerate(header)
         if name.startswith(prefix) and name.endswith(suffix)
     ]
+    if not columns:
+        print(f"raw page: no {prefix}*{suffix} metrics (take the report with --set full)")
+        return
     for row in rows:
         name = row[name_col][:60] if name_col is not None else "kernel"
         values = sorted(
@@ -93,9 +96,10 @@ def hot_instructions(report, top):
         total = sum(s for s, _ in rows) or 1.0
         by_opcode = collections.Counter()
         for samples, row in rows:
-            opcode = row[source].strip().split(" ")[0]
-            if opcode.startswith("@"):  # predicate
-                opcode = row[source].strip().split(" ")[1]
+            words = row[source].split()
+            if words and words[0].startswith("@"):  # predicate
+                words = words[1:]
+            opcode = words[0] if words else "?"
             by_opcode[opcode.split(".")[0]] += samples
         print(f"\n## kernel {n}: {len(rows)} SASS instructions, {total:.0f} stall samples")
         print("  samples by opcode:")
