@@ -95,16 +95,24 @@ def hot_instructions(report, top):
         rows = [(number(r[samples_col]) or 0.0, r) for r in table["rows"]]
         total = sum(s for s, _ in rows) or 1.0
         by_opcode = collections.Counter()
+        executed_by_opcode = collections.Counter()
         for samples, row in rows:
             words = row[source].split()
             if words and words[0].startswith("@"):  # predicate
                 words = words[1:]
-            opcode = words[0] if words else "?"
-            by_opcode[opcode.split(".")[0]] += samples
+            opcode = (words[0] if words else "?").split(".")[0]
+            by_opcode[opcode] += samples
+            if executed is not None:
+                executed_by_opcode[opcode] += number(row[executed]) or 0.0
         print(f"\n## kernel {n}: {len(rows)} SASS instructions, {total:.0f} stall samples")
         print("  samples by opcode:")
         for opcode, samples in by_opcode.most_common(16):
             print(f"    {opcode:<10} {100 * samples / total:5.1f} %")
+        if executed_by_opcode:
+            issued = sum(executed_by_opcode.values()) or 1.0
+            print(f"  warp instructions executed: {issued:.4g}; by opcode:")
+            for opcode, count in executed_by_opcode.most_common(20):
+                print(f"    {opcode:<10} {100 * count / issued:5.1f} %  {count:.4g}")
         print(f"  hottest {top} instructions (% of samples, executed, SASS):")
         for samples, row in sorted(rows, key=lambda x: -x[0])[:top]:
             count = row[executed] if executed is not None else ""

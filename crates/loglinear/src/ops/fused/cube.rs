@@ -54,13 +54,9 @@ pub struct Geometry {
 /// Number of bits of `x` (`bitlen(0) = 0`), the level of a pair at distance pattern `x = t ^ s`.
 #[cube]
 pub fn bitlen(x: usize) -> usize {
-    let mut n = 0usize;
-    let mut y = x;
-    while y > 0 {
-        y >>= 1;
-        n += 1;
-    }
-    n
+    // One count-leading-zeros instruction: the weights of every chunk pair and the in-chunk dλ
+    // sums take it per element, where a shift loop cost a data-dependent branch per bit.
+    usize::cast_from(32u32 - u32::cast_from(x).leading_zeros())
 }
 
 /// Number of trailing one bits of `j`: the level into which causal chunk `j` carries the levels
@@ -128,12 +124,16 @@ pub fn load_chunk<E: Float, G: Float>(
     }
     load_decays::<G>(
         g, lambda, lam, graw, gam, kd, eg, u, t0, bi, h, seq, heads, chunk, levels, THREADS,
+        false,
     );
 }
 
 /// Loads a chunk's λ (`[chunk, levels]`, zero past the end of the sequence) and `g`, then its
 /// decays: `γ` (in-chunk inclusive cumsum of `g`), `kd = e^{γ_last − γ}` and `eg = e^{γ}`. Ends
-/// with a barrier, so every shared buffer written before the call is visible too.
+/// with a barrier, so every shared buffer written before the call is visible too. With
+/// `plane_scan` (the tensor-core kernels: CUDA planes of 32, chunks of 32 or 64) the cumsum is
+/// a plane scan; the scalar kernels also run on WGPU, whose plane width varies (8 on lavapipe),
+/// and sum serially.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 pub fn load_decays<G: Float>(
@@ -153,6 +153,7 @@ pub fn load_decays<G: Float>(
     #[comptime] chunk: usize,
     #[comptime] levels: usize,
     #[comptime] threads: usize,
+    #[comptime] plane_scan: bool,
 ) {
     let mut idx = u;
     while idx < comptime!(chunk * levels) {
@@ -174,20 +175,41 @@ pub fn load_decays<G: Float>(
     }
     sync_cube();
     if u < chunk {
-        // Each of the first `chunk` units sums its own prefix (and the total): no serial
-        // section, one barrier.
-        let mut prefix = 0.0f32;
-        let mut total = 0.0f32;
-        for i in 0..chunk {
-            let gi = graw[i];
-            total += gi;
-            if i <= u {
-                prefix += gi;
+        if plane_scan {
+            // The first `chunk` units take their prefix and the total with plane scans: a
+            // plane's inclusive sum plus the totals of the planes before it. No serial pass over
+            // the chunk (a loop of `chunk` dependent shared reads that every unit waited for).
+            comptime!(assert!(chunk % 32 == 0, "load_decays: plane scans need whole planes"));
+            let lane = u % 32;
+            let mut prefix = plane_inclusive_sum(graw[u]);
+            let mut total = 0.0f32;
+            #[unroll]
+            for p in 0..comptime!(chunk / 32) {
+                let plane_total = plane_sum(graw[p * 32 + lane]);
+                total += plane_total;
+                if p < u / 32 {
+                    prefix += plane_total;
+                }
             }
+            gam[u] = prefix;
+            kd[u] = (total - prefix).exp();
+            eg[u] = prefix.exp();
+        } else {
+            // Each of the first `chunk` units sums its own prefix (and the total): no serial
+            // section, one barrier.
+            let mut prefix = 0.0f32;
+            let mut total = 0.0f32;
+            for i in 0..chunk {
+                let gi = graw[i];
+                total += gi;
+                if i <= u {
+                    prefix += gi;
+                }
+            }
+            gam[u] = prefix;
+            kd[u] = (total - prefix).exp();
+            eg[u] = prefix.exp();
         }
-        gam[u] = prefix;
-        kd[u] = (total - prefix).exp();
-        eg[u] = prefix.exp();
     }
     sync_cube();
 }

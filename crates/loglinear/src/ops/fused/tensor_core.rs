@@ -131,7 +131,7 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
         );
         load_decays::<G>(
             g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
-            chunk, levels, threads,
+            chunk, levels, threads, true,
         );
 
         // (2) Scores Q Kᵀ, lower-triangular tiles (Kᵀ is K read column-major).

@@ -192,7 +192,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         );
         load_decays::<G>(
             g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
-            chunk, levels, threads,
+            chunk, levels, threads, true,
         );
         let mut idx = u;
         while idx < comptime!(chunk * pt) {
@@ -238,31 +238,46 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             idx += threads;
         }
         sync_cube();
-        // dλ of the in-chunk levels: level-segmented row sums, one plane per row at a time
-        // (lanes over columns, so the reads of a plane hit distinct banks) and a plane sum per
-        // level; the levels above the chunk's are zero unless a level read below sets them.
+        // dλ of the in-chunk levels, one plane per row. Row i pairs with column jj at level
+        // bitlen(i ^ jj): level 0 is the diagonal and level ℓ ≥ 1 the aligned block of 2^(ℓ−1)
+        // columns beside i's own (columns past i hold zeros). A butterfly over the plane's lanes
+        // sums aligned blocks of 1, 2, 4, 8, 16 columns; the sibling block's sum that lane i % 32
+        // receives at step ℓ − 1 is level ℓ. With C = 64 the rows of the second half add level 6,
+        // the first half's sum. Levels above the chunk's are zero unless a level read below
+        // sets them.
+        comptime!(assert!(chunk == 32 || chunk == 64, "tensor-core chunks are 32 or 64"));
         let lane = u % 32;
         #[unroll]
         for rr in 0..comptime!(chunk / planes) {
             let i = plane + rr * planes;
             let t = t0 + i;
             let dl_row = (((tile * batch + bi) * seq + t) * heads + h) * levels;
+            let half = i / 32;
+            let owner = lane == i % 32 && t < seq;
+            let mut block = sd[i * lss + half * 32 + lane];
+            if owner {
+                dl[dl_row] = block;
+            }
             #[unroll]
-            for lvl in 0..comptime!(log_c + 1) {
-                let mut part = 0.0f32;
-                #[unroll]
-                for e in 0..comptime!(chunk / 32) {
-                    let jj = lane + e * 32;
-                    if jj <= i && bitlen(i ^ jj) == lvl {
-                        part += sd[i * lss + jj];
-                    }
+            for step in 0..5u32 {
+                let sibling = plane_shuffle_xor(block, 1u32 << step);
+                let lvl = usize::cast_from(step) + 1;
+                if owner && lvl < levels {
+                    dl[dl_row + lvl] = sibling;
                 }
-                let sum = plane_sum(part);
-                if lane == 0 && t < seq && lvl < levels {
-                    dl[dl_row + lvl] = sum;
+                block += sibling;
+            }
+            if comptime!(chunk == 64) {
+                // Uniform over the plane: i is the plane's row.
+                let mut first_half = 0.0f32;
+                if half == 1 {
+                    first_half = plane_sum(sd[i * lss + lane]);
+                }
+                if owner && 6 < levels {
+                    dl[dl_row + 6] = first_half;
                 }
             }
-            if lane == 0 && t < seq {
+            if owner {
                 for lvl in comptime!(log_c + 1)..levels {
                     dl[dl_row + lvl] = 0.0f32;
                 }
@@ -502,7 +517,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         );
         load_decays::<G>(
             g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
-            chunk, levels, threads,
+            chunk, levels, threads, true,
         );
         // Row s, column t ≥ s: A = K Qᵀ, B = V dOᵀ (upper tiles), each times
         // W = λ[t, ℓ(t,s)] e^{γt−γs}.
