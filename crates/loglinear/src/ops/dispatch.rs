@@ -47,11 +47,11 @@ pub enum Form {
 /// The usual chunk size: the default form's, and the chunked fallback of [`Form::Fused`].
 pub const DEFAULT_CHUNK: usize = 64;
 
-/// The tile of the tensor-core products (`cmma` 16×16×16).
+/// The tile of the tensor-core products (16×16 outputs, 16-deep steps).
 pub const TENSOR_CORE_TILE: usize = 16;
 
 /// Whether the fused kernels compute on tensor cores: bf16 inputs, key width `n` a multiple of
-/// the tile, on a device whose `cmma` takes bf16 tiles with f32 accumulation (`bf16_cmma`;
+/// the tile, on a device with bf16 `mma.sync` (f32 accumulation) and `ldmatrix` (`bf16_cmma`;
 /// `ops::fused::bf16_cmma` asks the device). Only bf16: the kernels round the level states and
 /// weighted operands to the input dtype, and f16's range (65,504) does not hold a state summed
 /// over a long sequence, so f16 and f32 take the scalar kernels, which compute in f32. The one

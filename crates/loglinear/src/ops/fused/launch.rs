@@ -230,8 +230,10 @@ pub fn multiprocessors(device: &CubeDevice) -> usize {
         .unwrap_or(1) as usize
 }
 
-/// Whether `device`'s `cmma` takes 16×16×16 bf16 tiles with f32 accumulation: the device's half
-/// of [`crate::ops::on_tensor_cores`].
+/// Whether `device` has the bf16 tensor-core instructions the kernels' products are written in:
+/// `mma.sync` m16n8k16 with bf16 operands and f32 accumulation, its operands loaded from shared
+/// memory by `ldmatrix` (see `tensor_core::tile_matmul`): the device's half of
+/// [`crate::ops::on_tensor_cores`].
 pub fn bf16_cmma(device: &CubeDevice) -> bool {
     props_bf16_cmma(device.client().properties())
 }
@@ -244,10 +246,10 @@ fn props_bf16_cmma(props: &cubecl::ir::DeviceProperties) -> bool {
         b_type: elem,
         cd_type: ElemType::Float(FloatKind::F32),
         m: TILE as u32,
-        n: TILE as u32,
+        n: (TILE / 2) as u32,
         k: TILE as u32,
     };
-    props.features.matmul.cmma.contains(&mma)
+    props.features.matmul.mma.contains(&mma) && props.features.matmul.ldmatrix.contains(&elem)
 }
 
 /// The plan of a launch over inputs like `q: [B, T, H, nk]` with values `width` wide and

@@ -2,8 +2,8 @@
 //!
 //! Same walk as [`causal_kernel`](super::cube::causal_kernel) — one cube per (batch·head, value
 //! tile), chunk by chunk, one level state per chunk level in a global f32 scratch with lazy decay
-//! factors — but the four products of a chunk run as 16×16×16 `cmma` tiles (f32 accumulation)
-//! spread over the cube's eight planes:
+//! factors — but the four products of a chunk run on the tensor cores in 16×16 output tiles (f32
+//! accumulation; [`tile_matmul`]) spread over the cube's eight planes:
 //!
 //! 1. scores `S = Q Kᵀ` (`C × C`, lower-triangular tiles only);
 //! 2. `S̃ V` with `S̃ = S ⊙ e^{γi−γj} λ[i, ℓ(i,j)]` (masked and weighted in f32, rounded to the
@@ -20,10 +20,10 @@
 //! Memory access, as profiled on the H200 (bench/RESULTS.md, session 4): inputs are read as
 //! vectors with all of a unit's loads in flight before it stores any ([`load_rows`]), level
 //! states four floats at a time ([`read_level`], [`merge_level`]), and every shared tile's rows
-//! are padded 16 bytes ([`row_len_input`], [`row_len_f32`]) so that a cmma tile's 16 rows do not
+//! are padded 16 bytes ([`row_len_input`], [`row_len_f32`]) so that a tile's 16 rows do not
 //! share banks.
 
-use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
+use cubecl::cmma::{MatrixIdent, MmaDefinition};
 use cubecl::prelude::*;
 
 use super::cube::{
@@ -323,6 +323,14 @@ pub const SPLIT_B: u32 = 2;
 /// (`inner == rows`); `out_tri` computes only the output tiles of that triangle (the rest of
 /// `stage` is left as it was). With `split` ([`SPLIT_A`] / [`SPLIT_B`]) the operand is `a + a2`
 /// (`b + b2`, same layout); with [`EXACT`], `a2` and `b2` are not read.
+///
+/// Each output tile is two `mma.sync` m16n8k16 products per 16-deep step, their operands loaded
+/// by `ldmatrix` (one instruction per 8×8 matrix group, transposing where the buffer runs the
+/// other way). Until v13 the tiles were `cmma` (WMMA) fragments, whose loads CubeCL emits as
+/// 32-bit loads through generic pointers — four per fragment and unit, plus `MOVM` transposes of
+/// the column-major ones: 22 % of the anticausal backward's instructions (Nsight Compute,
+/// bench/RESULTS.md session 29). Every buffer is 16-byte aligned and every row a multiple of 16
+/// bytes ([`row_len_input`]), as `ldmatrix` requires.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 pub fn tile_matmul<E: Float>(
@@ -346,20 +354,39 @@ pub fn tile_matmul<E: Float>(
     #[comptime] stage_size: usize,
     #[comptime] ldc: usize,
 ) {
+    let _ = stage_size;
     let col_tiles = comptime!(cols / TILE);
     let inner_tiles = comptime!(inner / TILE);
-    let a_len = comptime!(if a_col { inner * lda } else { rows * lda });
-    let b_len = comptime!(if b_col { cols * ldb } else { inner * ldb });
-    let a_layout = comptime!(if a_col {
-        MatrixLayout::ColMajor
-    } else {
-        MatrixLayout::RowMajor
-    });
-    let b_layout = comptime!(if b_col {
-        MatrixLayout::ColMajor
-    } else {
-        MatrixLayout::RowMajor
-    });
+    let def = MmaDefinition::<E, E, f32>::new(TILE, HALF, TILE);
+    let size!(NA) = def.vector_size(MatrixIdent::A);
+    let size!(NB) = def.vector_size(MatrixIdent::B);
+    let size!(NC) = def.vector_size(MatrixIdent::Accumulator);
+    // Each unit hands `ldmatrix` the address of one 16-byte row of one 8×8 matrix: unit l
+    // addresses row l % 8 of matrix l / 8. A's four matrices are (row block, inner block)
+    // (0,0), (1,0), (0,1), (1,1), in the order of the mma's A registers; B's two (per 8-column
+    // half) are inner blocks 0 and 1. A buffer whose rows run along the operand's inner
+    // dimension (A row-major, B read column-major) is read as is; the other is transposed
+    // by the instruction.
+    let lane = UNIT_POS_PLANE as usize;
+    let (q, r) = (lane / 8, lane % 8);
+    let mut a_lane = (r + (q % 2) * 8) * lda + (q / 2) * 8;
+    if a_col {
+        a_lane = (r + (q / 2) * 8) * lda + (q % 2) * 8;
+    }
+    // B takes two matrices per half: the upper 16 units repeat the lower 16 units' rows.
+    let q2 = (lane % 16) / 8;
+    let mut b_lane = (r + q2 * 8) * ldb;
+    if b_col {
+        b_lane = r * ldb + q2 * 8;
+    }
+    // The second 8-column half of a B tile.
+    let b_half = comptime!(if b_col { HALF * ldb } else { HALF });
+    let (a_trans, b_trans) = comptime!((a_col, !b_col));
+    // Accumulator cells of this unit: (row, column) of the first element of its two vectors.
+    let (r0, c0) = def.position_of_nth(lane as u32, 0u32, MatrixIdent::Accumulator);
+    let (r1, c1) = def.position_of_nth(lane as u32, 2u32, MatrixIdent::Accumulator);
+    let at0 = r0 as usize * ldc + c0 as usize;
+    let at1 = r1 as usize * ldc + c1 as usize;
     // Full products with an even number of output tiles per plane take them two at a time
     // (`ot`, `ot + planes`): two independent accumulator chains, and one B fragment for both
     // where the two tiles share a column (1.04× on forward+backward at T = 8192, H100; bench/
@@ -377,22 +404,10 @@ pub fn tile_matmul<E: Float>(
             let tp = ot % col_tiles;
             let ti2 = (ot + planes) / col_tiles;
             let tp2 = (ot + planes) % col_tiles;
-            let acc = Matrix::<f32>::from_value(
-                MatrixIdent::Accumulator,
-                TILE,
-                TILE,
-                TILE,
-                MatrixLayout::Undefined,
-                0.0f32,
-            );
-            let acc2 = Matrix::<f32>::from_value(
-                MatrixIdent::Accumulator,
-                TILE,
-                TILE,
-                TILE,
-                MatrixLayout::Undefined,
-                0.0f32,
-            );
+            let mut acc = zero_accumulators::<NC>();
+            let mut acc_r = zero_accumulators::<NC>();
+            let mut acc2 = zero_accumulators::<NC>();
+            let mut acc2_r = zero_accumulators::<NC>();
             for kk in 0..inner_tiles {
                 let mut a_off = ti * TILE * lda + kk * TILE;
                 let mut a_off2 = ti2 * TILE * lda + kk * TILE;
@@ -406,124 +421,56 @@ pub fn tile_matmul<E: Float>(
                     b_off = tp * TILE * ldb + kk * TILE;
                     b_off2 = tp2 * TILE * ldb + kk * TILE;
                 }
-                let am = Matrix::<E>::from_slice(
-                    MatrixIdent::A,
-                    TILE,
-                    TILE,
-                    TILE,
-                    a_layout,
-                    a.slice(a_off, a_len),
-                    lda as u32,
-                );
-                let am2 = Matrix::<E>::from_slice(
-                    MatrixIdent::A,
-                    TILE,
-                    TILE,
-                    TILE,
-                    a_layout,
-                    a.slice(a_off2, a_len),
-                    lda as u32,
-                );
-                let bm = Matrix::<E>::from_slice(
-                    MatrixIdent::B,
-                    TILE,
-                    TILE,
-                    TILE,
-                    b_layout,
-                    b.slice(b_off, b_len),
-                    ldb as u32,
-                );
+                let am = load_a::<E, NA>(&def, a, a_off + a_lane, a_trans);
+                let am2 = load_a::<E, NA>(&def, a, a_off2 + a_lane, a_trans);
+                let bm = load_b::<E, NB>(&def, b, b_off + b_lane, b_trans);
+                let bm_r = load_b::<E, NB>(&def, b, b_off + b_lane + b_half, b_trans);
+                def.execute_inplace(&am, &bm, &mut acc);
+                def.execute_inplace(&am, &bm_r, &mut acc_r);
                 if share_b {
-                    cmma::execute(&am, &bm, &acc, &acc);
-                    cmma::execute(&am2, &bm, &acc2, &acc2);
+                    def.execute_inplace(&am2, &bm, &mut acc2);
+                    def.execute_inplace(&am2, &bm_r, &mut acc2_r);
                 } else {
-                    let bm2 = Matrix::<E>::from_slice(
-                        MatrixIdent::B,
-                        TILE,
-                        TILE,
-                        TILE,
-                        b_layout,
-                        b.slice(b_off2, b_len),
-                        ldb as u32,
-                    );
-                    cmma::execute(&am, &bm, &acc, &acc);
-                    cmma::execute(&am2, &bm2, &acc2, &acc2);
+                    let bm2 = load_b::<E, NB>(&def, b, b_off2 + b_lane, b_trans);
+                    let bm2_r = load_b::<E, NB>(&def, b, b_off2 + b_lane + b_half, b_trans);
+                    def.execute_inplace(&am2, &bm2, &mut acc2);
+                    def.execute_inplace(&am2, &bm2_r, &mut acc2_r);
                 }
                 if split == SPLIT_A {
-                    let al = Matrix::<E>::from_slice(
-                        MatrixIdent::A,
-                        TILE,
-                        TILE,
-                        TILE,
-                        a_layout,
-                        a2.slice(a_off, a_len),
-                        lda as u32,
-                    );
-                    let al2 = Matrix::<E>::from_slice(
-                        MatrixIdent::A,
-                        TILE,
-                        TILE,
-                        TILE,
-                        a_layout,
-                        a2.slice(a_off2, a_len),
-                        lda as u32,
-                    );
+                    let al = load_a::<E, NA>(&def, a2, a_off + a_lane, a_trans);
+                    let al2 = load_a::<E, NA>(&def, a2, a_off2 + a_lane, a_trans);
+                    def.execute_inplace(&al, &bm, &mut acc);
+                    def.execute_inplace(&al, &bm_r, &mut acc_r);
                     if share_b {
-                        cmma::execute(&al, &bm, &acc, &acc);
-                        cmma::execute(&al2, &bm, &acc2, &acc2);
+                        def.execute_inplace(&al2, &bm, &mut acc2);
+                        def.execute_inplace(&al2, &bm_r, &mut acc2_r);
                     } else {
-                        let bm2 = Matrix::<E>::from_slice(
-                            MatrixIdent::B,
-                            TILE,
-                            TILE,
-                            TILE,
-                            b_layout,
-                            b.slice(b_off2, b_len),
-                            ldb as u32,
-                        );
-                        cmma::execute(&al, &bm, &acc, &acc);
-                        cmma::execute(&al2, &bm2, &acc2, &acc2);
+                        let bm2 = load_b::<E, NB>(&def, b, b_off2 + b_lane, b_trans);
+                        let bm2_r = load_b::<E, NB>(&def, b, b_off2 + b_lane + b_half, b_trans);
+                        def.execute_inplace(&al2, &bm2, &mut acc2);
+                        def.execute_inplace(&al2, &bm2_r, &mut acc2_r);
                     }
                 }
                 if split == SPLIT_B {
-                    let bl = Matrix::<E>::from_slice(
-                        MatrixIdent::B,
-                        TILE,
-                        TILE,
-                        TILE,
-                        b_layout,
-                        b2.slice(b_off, b_len),
-                        ldb as u32,
-                    );
-                    cmma::execute(&am, &bl, &acc, &acc);
+                    let bl = load_b::<E, NB>(&def, b2, b_off + b_lane, b_trans);
+                    let bl_r = load_b::<E, NB>(&def, b2, b_off + b_lane + b_half, b_trans);
+                    def.execute_inplace(&am, &bl, &mut acc);
+                    def.execute_inplace(&am, &bl_r, &mut acc_r);
                     if share_b {
-                        cmma::execute(&am2, &bl, &acc2, &acc2);
+                        def.execute_inplace(&am2, &bl, &mut acc2);
+                        def.execute_inplace(&am2, &bl_r, &mut acc2_r);
                     } else {
-                        let bl2 = Matrix::<E>::from_slice(
-                            MatrixIdent::B,
-                            TILE,
-                            TILE,
-                            TILE,
-                            b_layout,
-                            b2.slice(b_off2, b_len),
-                            ldb as u32,
-                        );
-                        cmma::execute(&am2, &bl2, &acc2, &acc2);
+                        let bl2 = load_b::<E, NB>(&def, b2, b_off2 + b_lane, b_trans);
+                        let bl2_r = load_b::<E, NB>(&def, b2, b_off2 + b_lane + b_half, b_trans);
+                        def.execute_inplace(&am2, &bl2, &mut acc2);
+                        def.execute_inplace(&am2, &bl2_r, &mut acc2_r);
                     }
                 }
             }
-            cmma::store(
-                stage.slice_mut(ti * TILE * ldc + tp * TILE, stage_size),
-                &acc,
-                ldc as u32,
-                MatrixLayout::RowMajor,
-            );
-            cmma::store(
-                stage.slice_mut(ti2 * TILE * ldc + tp2 * TILE, stage_size),
-                &acc2,
-                ldc as u32,
-                MatrixLayout::RowMajor,
-            );
+            let out = ti * TILE * ldc + tp * TILE;
+            store_accumulators::<NC>(stage, &acc, &acc_r, out + at0, out + at1);
+            let out2 = ti2 * TILE * ldc + tp2 * TILE;
+            store_accumulators::<NC>(stage, &acc2, &acc2_r, out2 + at0, out2 + at1);
             ot += comptime!(2 * planes);
         }
     } else {
@@ -539,14 +486,8 @@ pub fn tile_matmul<E: Float>(
                 wanted = tp >= ti;
             }
             if wanted {
-                let acc = Matrix::<f32>::from_value(
-                    MatrixIdent::Accumulator,
-                    TILE,
-                    TILE,
-                    TILE,
-                    MatrixLayout::Undefined,
-                    0.0f32,
-                );
+                let mut acc = zero_accumulators::<NC>();
+                let mut acc_r = zero_accumulators::<NC>();
                 for kk in 0..inner_tiles {
                     let mut nonzero = true;
                     if a_tri == LOWER {
@@ -564,61 +505,87 @@ pub fn tile_matmul<E: Float>(
                         if b_col {
                             b_off = tp * TILE * ldb + kk * TILE;
                         }
-                        let am = Matrix::<E>::from_slice(
-                            MatrixIdent::A,
-                            TILE,
-                            TILE,
-                            TILE,
-                            a_layout,
-                            a.slice(a_off, a_len),
-                            lda as u32,
-                        );
-                        let bm = Matrix::<E>::from_slice(
-                            MatrixIdent::B,
-                            TILE,
-                            TILE,
-                            TILE,
-                            b_layout,
-                            b.slice(b_off, b_len),
-                            ldb as u32,
-                        );
-                        cmma::execute(&am, &bm, &acc, &acc);
+                        let am = load_a::<E, NA>(&def, a, a_off + a_lane, a_trans);
+                        let bm = load_b::<E, NB>(&def, b, b_off + b_lane, b_trans);
+                        let bm_r = load_b::<E, NB>(&def, b, b_off + b_lane + b_half, b_trans);
+                        def.execute_inplace(&am, &bm, &mut acc);
+                        def.execute_inplace(&am, &bm_r, &mut acc_r);
                         if split == SPLIT_A {
-                            let am2 = Matrix::<E>::from_slice(
-                                MatrixIdent::A,
-                                TILE,
-                                TILE,
-                                TILE,
-                                a_layout,
-                                a2.slice(a_off, a_len),
-                                lda as u32,
-                            );
-                            cmma::execute(&am2, &bm, &acc, &acc);
+                            let al = load_a::<E, NA>(&def, a2, a_off + a_lane, a_trans);
+                            def.execute_inplace(&al, &bm, &mut acc);
+                            def.execute_inplace(&al, &bm_r, &mut acc_r);
                         }
                         if split == SPLIT_B {
-                            let bm2 = Matrix::<E>::from_slice(
-                                MatrixIdent::B,
-                                TILE,
-                                TILE,
-                                TILE,
-                                b_layout,
-                                b2.slice(b_off, b_len),
-                                ldb as u32,
-                            );
-                            cmma::execute(&am, &bm2, &acc, &acc);
+                            let bl = load_b::<E, NB>(&def, b2, b_off + b_lane, b_trans);
+                            let bl_r = load_b::<E, NB>(&def, b2, b_off + b_lane + b_half, b_trans);
+                            def.execute_inplace(&am, &bl, &mut acc);
+                            def.execute_inplace(&am, &bl_r, &mut acc_r);
                         }
                     }
                 }
-                cmma::store(
-                    stage.slice_mut(ti * TILE * ldc + tp * TILE, stage_size),
-                    &acc,
-                    ldc as u32,
-                    MatrixLayout::RowMajor,
-                );
+                let out = ti * TILE * ldc + tp * TILE;
+                store_accumulators::<NC>(stage, &acc, &acc_r, out + at0, out + at1);
             }
             ot += planes;
         }
     }
+}
+
+/// Edge of the mma's N dimension: a 16×16 output tile is two m16n8k16 products.
+const HALF: usize = 8;
+
+/// The A operand of one m16n8k16 step (16×16, four 8×8 matrices) by `ldmatrix.x4`; `at` is this
+/// unit's row address (see [`tile_matmul`]), `trans` whether the buffer runs along the rows.
+#[cube]
+fn load_a<E: Float, NA: Size>(
+    def: &MmaDefinition<E, E, f32>,
+    buf: &Shared<[E]>,
+    at: usize,
+    #[comptime] trans: bool,
+) -> Array<Vector<E, NA>> {
+    def.load_matrix::<E, NA>(buf.slice(at, at + HALF), MatrixIdent::A, 4usize, trans)
+}
+
+/// The B operand of one m16n8k16 step (16×8, two 8×8 matrices) by `ldmatrix.x2`.
+#[cube]
+fn load_b<E: Float, NB: Size>(
+    def: &MmaDefinition<E, E, f32>,
+    buf: &Shared<[E]>,
+    at: usize,
+    #[comptime] trans: bool,
+) -> Array<Vector<E, NB>> {
+    def.load_matrix::<E, NB>(buf.slice(at, at + HALF), MatrixIdent::B, 2usize, trans)
+}
+
+/// The two accumulator vectors of one m16n8 product, zero.
+#[cube]
+fn zero_accumulators<NC: Size>() -> Array<Vector<f32, NC>> {
+    let mut acc = Array::<Vector<f32, NC>>::new(2usize);
+    acc[0usize] = Vector::<f32, NC>::zeroed();
+    acc[1usize] = Vector::<f32, NC>::zeroed();
+    acc
+}
+
+/// A 16×16 output tile from its two m16n8 halves: this unit's cells at `at0`, `at0 + 1` (first
+/// vector) and `at1`, `at1 + 1` (second) of the left half, 8 columns on for the right half.
+#[cube]
+fn store_accumulators<NC: Size>(
+    stage: &mut Shared<[f32]>,
+    left: &Array<Vector<f32, NC>>,
+    right: &Array<Vector<f32, NC>>,
+    at0: usize,
+    at1: usize,
+) {
+    let (x, y) = (left[0usize], left[1usize]);
+    stage[at0] = x.extract(0usize);
+    stage[at0 + 1] = x.extract(1usize);
+    stage[at1] = y.extract(0usize);
+    stage[at1 + 1] = y.extract(1usize);
+    let (x, y) = (right[0usize], right[1usize]);
+    stage[at0 + HALF] = x.extract(0usize);
+    stage[at0 + HALF + 1] = x.extract(1usize);
+    stage[at1 + HALF] = y.extract(0usize);
+    stage[at1 + HALF + 1] = y.extract(1usize);
 }
 
 /// Shared row length of a tile `cols` wide in the input dtype: 8 more (16 bytes),
@@ -937,7 +904,7 @@ pub fn write_carry(
 }
 
 /// Test probe of the vector-access helpers ([`load_rows`] with vectors, [`merge_level`],
-/// [`read_level`]) in one cube: the tensor-core kernels that use them need `cmma`, which
+/// [`read_level`]) in one cube: the tensor-core kernels that use them need `mma.sync`, which
 /// software Vulkan lacks, so the probe lets CPU-only CI run the same helper code on f32.
 /// `rows = chunk × cols` of `x: [1, seq, 1, width]` from (`t0`, `c0`), loaded with padded rows;
 /// the level at `states[len..2·len]` (`len / cols` rows) merged with the first `len` loaded

@@ -1,6 +1,6 @@
 //! The fused backward on tensor cores (bf16 inputs; launched from `launch.rs`): the two
 //! kernels of `backward.rs` — same formulas, same states, same chunk walks — with every product
-//! as `cmma` 16×16×16 tiles through [`tile_matmul`], and the elementwise steps (weights, decays,
+//! as 16×16 tensor-core tiles through [`tile_matmul`], and the elementwise steps (weights, decays,
 //! state merges, the dλ row sums) as f32 scalar code between them.
 //!
 //! Operands computed in f32 that `dg` depends on — the `dv` weights, the λ-weighted `dO` of the
