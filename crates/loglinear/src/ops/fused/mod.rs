@@ -8,7 +8,7 @@
 //! * [`cube`]: the scalar forward kernel (and the anticausal kernel of the v1 backward);
 //! * [`backward`]: the scalar backward, two kernels (`dq` and `dλ`; `dk` and `dv`);
 //! * [`tensor_core`], [`tensor_core_backward`]: the same three kernels with every product on
-//!   tensor cores (`cmma`), for bf16 inputs on devices that have them;
+//!   tensor cores (`mma.sync` with `ldmatrix`), for bf16 inputs on devices that have them;
 //! * [`launch`]: tile planning (shared-memory budget, tensor-core support) and launchers;
 //! * this module: the extension trait [`LogLinearKernels`], its CubeCL and autodiff
 //!   implementations, [`fused`] (the entry point of `log_linear_attn` on CubeCL devices) and
@@ -18,7 +18,7 @@
 //! `W[t,s] = λ[t,ℓ(t,s)] e^{Γt−Γs}`, one causal launch gives `dq` and `dλ` from the forward's
 //! level states, one anticausal launch `dk` and `dv` from one set of states
 //! `Σ_t λ e q_t dO_tᵀ`; then `dΓ_t = Σ_ℓ λ[t,ℓ] dλ[t,ℓ] − v_t·dv_t` (the first term is
-//! `dO_t·o_t`) and `dg = reverse cumsum of dΓ`.
+//! `dO_t·o_t`) and `dg = reverse cumsum of dΓ` (in two levels, `reverse_cumsum_over_time`).
 
 mod backward;
 mod cube;
@@ -35,7 +35,7 @@ use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{AutodiffBackend, Backend, DispatchDevice, backend_extension};
 use burn::prelude::*;
-use burn::tensor::DType;
+use burn::tensor::{DType, Slice};
 use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -145,8 +145,16 @@ impl LogLinearKernels for CubeBackend {
         let v_all = v.clone();
         // dq, dk and dλ come per value tile.
         let (dq, dl, dk, dv) = launch::backward(q, k, v, g.clone(), lambda, grad);
-        let sum_tiles =
-            |t: FloatTensor<Self>, shape| Cb::float_reshape(Cb::float_sum_dim(t, 0), shape);
+        // One value tile (P ≤ the tile width, the common case) needs no sum: a reduction over
+        // a dimension of one still read and wrote dq and dk in full (6.5 ms at T = 8192,
+        // B = 16, H = 48 on an H100; bench/RESULTS.md session 29).
+        let sum_tiles = |t: FloatTensor<Self>, shape| {
+            if t.meta.shape()[0] == 1 {
+                Cb::float_reshape(t, shape)
+            } else {
+                Cb::float_reshape(Cb::float_sum_dim(t, 0), shape)
+            }
+        };
         let dq = sum_tiles(dq, key_shape.clone());
         let dk = sum_tiles(dk, key_shape);
         let dl = sum_tiles(dl, dl_shape);
@@ -156,7 +164,7 @@ impl LogLinearKernels for CubeBackend {
         let read = Cb::float_sum_dim(Cb::float_mul(f32(lambda_all), dl.clone()), 3);
         let written = Cb::float_sum_dim(Cb::float_mul(f32(v_all), dv.clone()), 3);
         let dgamma = Cb::float_reshape(Cb::float_sub(read, written), shape);
-        let dg = Cb::float_flip(Cb::float_cumsum(Cb::float_flip(dgamma, &[1]), 1), &[1]);
+        let dg = reverse_cumsum_over_time(dgamma);
         (
             cast(dq, dtype),
             cast(dk, dtype),
@@ -164,6 +172,59 @@ impl LogLinearKernels for CubeBackend {
             cast(dg, g_dtype),
             cast(dl, g_dtype),
         )
+    }
+}
+
+/// `out[:, t, :] = Σ_{s ≥ t} x[:, s, :]` for `x: [B, T, H]` (f32), in two levels over chunks of
+/// `C ≈ √T` steps: a reverse cumsum inside each chunk, plus the sum of the chunks after it.
+/// Burn's cumsum kernel sums every element's whole prefix (O(T) work per element): over the
+/// sequence it took 7.4 ms of an 85 ms forward + backward at T = 8192, B = 16, H = 48 (H100,
+/// bench/RESULTS.md session 29); in two levels each element sums O(√T) terms.
+fn reverse_cumsum_over_time(x: FloatTensor<Cb>) -> FloatTensor<Cb> {
+    let [b, t, h] = x.meta.shape().dims::<3>();
+    let chunk = (t as f64).sqrt().ceil().max(1.0) as usize;
+    let chunks = t.div_ceil(chunk);
+    let padded_len = chunks * chunk;
+    // Zeros after the end leave every reverse sum of the real steps as it was.
+    let padded = if padded_len > t {
+        let zeros = Cb::float_zeros(
+            Shape::new([b, padded_len - t, h]),
+            &x.device,
+            DType::F32.into(),
+        );
+        Cb::float_cat(vec![x, zeros], 1)
+    } else {
+        x
+    };
+    let blocks = Cb::float_reshape(padded, Shape::new([b, chunks, chunk, h]));
+    let reverse = |y: FloatTensor<Cb>, dim: usize| {
+        Cb::float_flip(Cb::float_cumsum(Cb::float_flip(y, &[dim]), dim), &[dim])
+    };
+    // Within each chunk; its first step holds the chunk's total.
+    let within = reverse(blocks, 2);
+    let totals = Cb::float_slice(
+        within.clone(),
+        &[
+            Slice::from(0..b),
+            Slice::from(0..chunks),
+            Slice::from(0..1),
+            Slice::from(0..h),
+        ],
+    );
+    // The chunks after each one: the reverse cumsum of the totals less the chunk's own.
+    let after = Cb::float_sub(reverse(totals.clone(), 1), totals);
+    let after = Cb::float_expand(after, Shape::new([b, chunks, chunk, h]));
+    let out = Cb::float_reshape(
+        Cb::float_add(within, after),
+        Shape::new([b, padded_len, h]),
+    );
+    if padded_len > t {
+        Cb::float_slice(
+            out,
+            &[Slice::from(0..b), Slice::from(0..t), Slice::from(0..h)],
+        )
+    } else {
+        out
     }
 }
 
