@@ -123,8 +123,7 @@ pub fn load_chunk<E: Float, G: Float>(
         idx += THREADS;
     }
     load_decays::<G>(
-        g, lambda, lam, graw, gam, kd, eg, u, t0, bi, h, seq, heads, chunk, levels, THREADS,
-        false,
+        g, lambda, lam, graw, gam, kd, eg, u, t0, bi, h, seq, heads, chunk, levels, THREADS, false,
     );
 }
 
@@ -179,7 +178,10 @@ pub fn load_decays<G: Float>(
             // The first `chunk` units take their prefix and the total with plane scans: a
             // plane's inclusive sum plus the totals of the planes before it. No serial pass over
             // the chunk (a loop of `chunk` dependent shared reads that every unit waited for).
-            comptime!(assert!(chunk % 32 == 0, "load_decays: plane scans need whole planes"));
+            comptime!(assert!(
+                chunk % 32 == 0,
+                "load_decays: plane scans need whole planes"
+            ));
             let lane = u % 32;
             let mut prefix = plane_inclusive_sum(graw[u]);
             let mut total = 0.0f32;

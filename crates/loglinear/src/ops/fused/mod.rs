@@ -214,10 +214,7 @@ fn reverse_cumsum_over_time(x: FloatTensor<Cb>) -> FloatTensor<Cb> {
     // The chunks after each one: the reverse cumsum of the totals less the chunk's own.
     let after = Cb::float_sub(reverse(totals.clone(), 1), totals);
     let after = Cb::float_expand(after, Shape::new([b, chunks, chunk, h]));
-    let out = Cb::float_reshape(
-        Cb::float_add(within, after),
-        Shape::new([b, padded_len, h]),
-    );
+    let out = Cb::float_reshape(Cb::float_add(within, after), Shape::new([b, padded_len, h]));
     if padded_len > t {
         Cb::float_slice(
             out,

@@ -245,7 +245,10 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         // receives at step ℓ − 1 is level ℓ. With C = 64 the rows of the second half add level 6,
         // the first half's sum. Levels above the chunk's are zero unless a level read below
         // sets them.
-        comptime!(assert!(chunk == 32 || chunk == 64, "tensor-core chunks are 32 or 64"));
+        comptime!(assert!(
+            chunk == 32 || chunk == 64,
+            "tensor-core chunks are 32 or 64"
+        ));
         let lane = u % 32;
         #[unroll]
         for rr in 0..comptime!(chunk / planes) {
