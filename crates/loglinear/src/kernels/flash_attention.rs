@@ -141,7 +141,6 @@ fn product<E: Float>(
     #[comptime] b_col: bool,
     #[comptime] ldb: usize,
     #[comptime] ldc: usize,
-    #[comptime] stage_size: usize,
     #[comptime] tc: bool,
 ) {
     if comptime!(tc) {
@@ -163,7 +162,6 @@ fn product<E: Float>(
             FULL,
             FULL,
             EXACT,
-            stage_size,
             ldc,
         );
     } else {
@@ -371,7 +369,7 @@ pub fn flash_forward_kernel<E: Float, N: Size>(
         sync_cube();
         // S = Q Kᵀ (Kᵀ: K read column-major).
         product::<E>(
-            &qs, &ks, &mut stage, u, block, d, block, false, ldi, true, ldi, lds, stage_size, tc,
+            &qs, &ks, &mut stage, u, block, d, block, false, ldi, true, ldi, lds, tc,
         );
         sync_cube();
         // The online softmax: the row's new maximum over this block's visible scores ...
@@ -418,7 +416,7 @@ pub fn flash_forward_kernel<E: Float, N: Size>(
         sync_cube();
         // O ← O · e^{m_old − m_new} + P V.
         product::<E>(
-            &ps, &vs, &mut stage, u, block, block, d, false, ldp, false, ldi, ldo, stage_size, tc,
+            &ps, &vs, &mut stage, u, block, block, d, false, ldp, false, ldi, ldo, tc,
         );
         sync_cube();
         #[unroll]
@@ -584,7 +582,7 @@ pub fn flash_backward_kv_kernel<E: Float, N: Size>(
         sync_cube();
         // P = e^{scale · Q Kᵀ − lse} (rows: queries, columns: keys).
         product::<E>(
-            &qs, &ks, &mut stage, u, block, d, block, false, ldi, true, ldi, lds, stage_size, tc,
+            &qs, &ks, &mut stage, u, block, d, block, false, ldi, true, ldi, lds, tc,
         );
         sync_cube();
         #[unroll]
@@ -600,7 +598,7 @@ pub fn flash_backward_kv_kernel<E: Float, N: Size>(
         sync_cube();
         // dV += Pᵀ dO (Pᵀ: P read column-major).
         product::<E>(
-            &ps, &gs, &mut stage, u, block, block, d, true, ldp, false, ldi, ldo, stage_size, tc,
+            &ps, &gs, &mut stage, u, block, block, d, true, ldp, false, ldi, ldo, tc,
         );
         sync_cube();
         #[unroll]
@@ -610,7 +608,7 @@ pub fn flash_backward_kv_kernel<E: Float, N: Size>(
         sync_cube();
         // dS = scale · P ⊙ (dO Vᵀ − Δ).
         product::<E>(
-            &gs, &vs, &mut stage, u, block, d, block, false, ldi, true, ldi, lds, stage_size, tc,
+            &gs, &vs, &mut stage, u, block, d, block, false, ldi, true, ldi, lds, tc,
         );
         sync_cube();
         #[unroll]
@@ -622,7 +620,7 @@ pub fn flash_backward_kv_kernel<E: Float, N: Size>(
         sync_cube();
         // dK += dSᵀ Q.
         product::<E>(
-            &dss, &qs, &mut stage, u, block, block, d, true, ldp, false, ldi, ldo, stage_size, tc,
+            &dss, &qs, &mut stage, u, block, block, d, true, ldp, false, ldi, ldo, tc,
         );
         sync_cube();
         #[unroll]
@@ -724,7 +722,7 @@ pub fn flash_backward_q_kernel<E: Float, N: Size>(
         load_block::<E, N>(v, &mut vs, vbase, v.stride(2), c0, s, u, block, d, ldi);
         sync_cube();
         product::<E>(
-            &qs, &ks, &mut stage, u, block, d, block, false, ldi, true, ldi, lds, stage_size, tc,
+            &qs, &ks, &mut stage, u, block, d, block, false, ldi, true, ldi, lds, tc,
         );
         sync_cube();
         #[unroll]
@@ -738,7 +736,7 @@ pub fn flash_backward_q_kernel<E: Float, N: Size>(
         }
         sync_cube();
         product::<E>(
-            &gs, &vs, &mut stage, u, block, d, block, false, ldi, true, ldi, lds, stage_size, tc,
+            &gs, &vs, &mut stage, u, block, d, block, false, ldi, true, ldi, lds, tc,
         );
         sync_cube();
         #[unroll]
@@ -750,7 +748,7 @@ pub fn flash_backward_q_kernel<E: Float, N: Size>(
         sync_cube();
         // dQ += dS K.
         product::<E>(
-            &dss, &ks, &mut stage, u, block, block, d, false, ldp, false, ldi, ldo, stage_size, tc,
+            &dss, &ks, &mut stage, u, block, block, d, false, ldp, false, ldi, ldo, tc,
         );
         sync_cube();
         #[unroll]

@@ -11,7 +11,8 @@
 //!
 //! So the backward is two launches that build two sets of states, where four launches of the
 //! forward kernels (`dq`, `dλ`, `dv`, `dk`) built four. One cube per (batch·head, value tile);
-//! `dq`, `dk` and `dλ` sum over the value columns and are returned per tile (summed by the caller).
+//! `dq`, `dk`, `dλ` and `dΓ_t = Σ_ℓ λ[t,ℓ] dλ[t,ℓ] − v_t·dv_t` (whose reverse cumsum is `dg`) sum
+//! over the value columns and are returned per tile (summed by the caller).
 //!
 //! Shared-memory rows are padded by one element (`nk + 1`, `chunk + 1`, `pt + 1`) so that the
 //! products whose lanes walk a row stride do not hit one bank 32 times.
@@ -23,31 +24,33 @@ use super::cube::{
     row, trailing_ones,
 };
 
-/// Causal half of the backward: `dq` (per value tile) and `dλ` (per value tile).
+/// Causal half of the backward: `dq`, `dλ` and `dΓ`'s first term `Σ_ℓ λ[t,ℓ] dλ[t,ℓ]`
+/// (`= dO_t·o_t`), each per value tile.
 ///
 /// Shapes: `q, k: [B, T, H, nk]`, `v, d_o: [B, T, H, width]` (dtype `E`), `g: [B, T, H]`,
-/// `lambda: [B, T, H, levels]` (dtype `G`); `dq: [tiles, B, T, H, nk]`,
-/// `dl: [tiles, B, T, H, levels]` (f32); `states`: `tiles·B·H·nlev·pt·nk` f32 scratch, each level
-/// stored value-major (`[pt][nk]`) so that `X = H dO` reads it along the key lanes.
-/// Grid `(B·H, tiles)`, [`THREADS`] units.
+/// `lambda: [B, T, H, levels]` (dtype `G`); `dq: [tiles, B, T, H, nk]` (dtype `O`: `E` with one
+/// tile, else f32 partials), `dl: [tiles, B, T, H, levels]`, `dgamma: [tiles, B, T, H]` (f32);
+/// `states`: `tiles·B·H·nlev·pt·nk` f32 scratch, each level stored value-major (`[pt][nk]`) so
+/// that `X = H dO` reads it along the key lanes. Grid `(B·H, tiles)`, [`THREADS`] units.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
-pub fn causal_backward_kernel<E: Float, G: Float>(
+pub fn causal_backward_kernel<E: Float, G: Float, O: Float>(
     q: &Tensor<E>,
     k: &Tensor<E>,
     v: &Tensor<E>,
     d_o: &Tensor<E>,
     g: &Tensor<G>,
     lambda: &Tensor<G>,
-    dq: &mut Tensor<f32>,
+    dq: &mut Tensor<O>,
     dl: &mut Tensor<f32>,
+    dgamma: &mut Tensor<f32>,
     states: &mut Tensor<f32>,
     batch: usize,
     seq: usize,
     heads: usize,
     width: usize,
     #[comptime] geo: Geometry,
-    #[define(E, G)] _dtypes: [ElemType; 2],
+    #[define(E, G, O)] _dtypes: [ElemType; 3],
 ) {
     let (chunk, nk, pt) = comptime!((geo.chunk, geo.nk, geo.pt));
     let (levels, nlev) = comptime!((geo.levels, geo.nlev));
@@ -135,6 +138,8 @@ pub fn causal_backward_kernel<E: Float, G: Float>(
         // also adds the chunk levels below).
         let dl_t = t0 + u;
         let dl_row = (((tile * batch + bi) * seq + dl_t) * heads + h) * levels;
+        // The row's Σ_ℓ λ dλ, summed by its owner as it writes dλ.
+        let mut read = 0.0f32;
         if u < chunk && dl_t < seq {
             for lvl in 0..levels {
                 let mut sum = 0.0f32;
@@ -146,6 +151,7 @@ pub fn causal_backward_kernel<E: Float, G: Float>(
                     }
                 }
                 dl[dl_row + lvl] = sum;
+                read += lam[u * levels + lvl] * sum;
             }
         }
         // dq of the in-chunk pairs: Σ_s sc[t,s] k_s.
@@ -223,9 +229,13 @@ pub fn causal_backward_kernel<E: Float, G: Float>(
                         s += red[u * cs + c];
                     }
                     dl[dl_row + token_level] = s;
+                    read += lam[u * levels + token_level] * s;
                 }
                 sync_cube();
             }
+        }
+        if u < chunk && dl_t < seq {
+            dgamma[((tile * batch + bi) * seq + dl_t) * heads + h] = read;
         }
         #[unroll]
         for r in 0..rows_k {
@@ -237,7 +247,7 @@ pub fn causal_backward_kernel<E: Float, G: Float>(
                 for c in 0..cp {
                     let n = cn + c * cs;
                     if n < nk {
-                        dq[out_row + n] = acc[r * cp + c];
+                        dq[out_row + n] = O::cast_from(acc[r * cp + c]);
                     }
                 }
             }
@@ -304,29 +314,32 @@ pub fn causal_backward_kernel<E: Float, G: Float>(
     }
 }
 
-/// Anticausal half of the backward: `dv` (this value tile) and `dk` (per value tile).
+/// Anticausal half of the backward: `dv` (this value tile), `dk` (per value tile) and `dΓ`'s
+/// second term: `dgamma[tile, b, t, h] −= v_t·dv_t` over the tile's columns, after the causal
+/// kernel wrote the first.
 ///
-/// Shapes as [`causal_backward_kernel`]; `dk: [tiles, B, T, H, nk]`, `dv: [B, T, H, width]`
-/// (f32); `states`: `tiles·B·H·nlev·nk·pt` f32 scratch (key-major `[nk][pt]`). Chunks run from
-/// last to first; λ weighs the later token.
+/// Shapes as [`causal_backward_kernel`]; `dk: [tiles, B, T, H, nk]` (dtype `O`),
+/// `dv: [B, T, H, width]` (dtype `E`); `states`: `tiles·B·H·nlev·nk·pt` f32 scratch (key-major
+/// `[nk][pt]`). Chunks run from last to first; λ weighs the later token.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
-pub fn anticausal_backward_kernel<E: Float, G: Float>(
+pub fn anticausal_backward_kernel<E: Float, G: Float, O: Float>(
     q: &Tensor<E>,
     k: &Tensor<E>,
     v: &Tensor<E>,
     d_o: &Tensor<E>,
     g: &Tensor<G>,
     lambda: &Tensor<G>,
-    dk: &mut Tensor<f32>,
-    dv: &mut Tensor<f32>,
+    dk: &mut Tensor<O>,
+    dv: &mut Tensor<E>,
+    dgamma: &mut Tensor<f32>,
     states: &mut Tensor<f32>,
     batch: usize,
     seq: usize,
     heads: usize,
     width: usize,
     #[comptime] geo: Geometry,
-    #[define(E, G)] _dtypes: [ElemType; 2],
+    #[define(E, G, O)] _dtypes: [ElemType; 3],
 ) {
     let (chunk, nk, pt) = comptime!((geo.chunk, geo.nk, geo.pt));
     let (levels, nlev) = comptime!((geo.levels, geo.nlev));
@@ -515,7 +528,7 @@ pub fn anticausal_backward_kernel<E: Float, G: Float>(
             let t = t0 + rbase + r * rstep;
             let p = p0 + pc;
             if t < seq && p < width {
-                dv[row(bi, t, h, seq, heads, width) + p] = acc_v[r];
+                dv[row(bi, t, h, seq, heads, width) + p] = E::cast_from(acc_v[r]);
             }
         }
         #[unroll]
@@ -528,10 +541,26 @@ pub fn anticausal_backward_kernel<E: Float, G: Float>(
                 for c in 0..cp {
                     let n = cn + c * cs;
                     if n < nk {
-                        dk[out_row + n] = acc_k[r * cp + c];
+                        dk[out_row + n] = O::cast_from(acc_k[r * cp + c]);
                     }
                 }
             }
+        }
+        // dΓ_t −= v_t·dv_t: `vs` takes v ⊙ dv once every unit is done reading it (the barrier),
+        // and each of the first `chunk` units sums its row (zero past the width).
+        sync_cube();
+        #[unroll]
+        for r in 0..rows_out {
+            let at = (rbase + r * rstep) * vst + pc;
+            vs[at] *= acc_v[r];
+        }
+        sync_cube();
+        if u < chunk && t0 + u < seq {
+            let mut written = 0.0f32;
+            for pp in 0..pt {
+                written += vs[u * vst + pp];
+            }
+            dgamma[((tile * batch + bi) * seq + t0 + u) * heads + h] -= written;
         }
         // This chunk joins, weighted by its own λ at each level, every level whose period has
         // chunk j in its second half (Σ_i λ[i,ℓ] e^{γi} q_i dO_iᵀ); the last chunk of a period

@@ -261,8 +261,8 @@ pub fn advance_scales(
 ///
 /// Shapes: `a, b: [B, T, H, nk]`, `c: [B, T, H, width]` (dtype `E`), `g: [B, T, H]`,
 /// `lambda: [B, T, H, levels]` (dtype `G`, f32 under mixed precision), all contiguous;
-/// `out: [B, T, H, width]` (f32); `states`: `tiles·B·H·nlev·nk·pt` f32 scratch.
-/// Grid `(B·H, tiles)`, [`THREADS`] units.
+/// `out: [B, T, H, width]` (dtype `E`, rounded once from the f32 accumulator); `states`:
+/// `tiles·B·H·nlev·nk·pt` f32 scratch. Grid `(B·H, tiles)`, [`THREADS`] units.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
 pub fn causal_kernel<E: Float, G: Float>(
@@ -271,7 +271,7 @@ pub fn causal_kernel<E: Float, G: Float>(
     c: &Tensor<E>,
     g: &Tensor<G>,
     lambda: &Tensor<G>,
-    out: &mut Tensor<f32>,
+    out: &mut Tensor<E>,
     states: &mut Tensor<f32>,
     batch: usize,
     seq: usize,
@@ -414,7 +414,7 @@ pub fn causal_kernel<E: Float, G: Float>(
             let t = t0 + rbase + r * rstep;
             let p = p0 + pc;
             if t < seq && p < width {
-                out[row(bi, t, h, seq, heads, width) + p] = acc[r];
+                out[row(bi, t, h, seq, heads, width) + p] = E::cast_from(acc[r]);
             }
         }
         // (7) This chunk's key state Σ_i e^{γlast−γi} b_i c_iᵀ and the levels the chunk

@@ -283,16 +283,22 @@ fn plan_launch(
 
 /// An f32 tensor of `shape` on the device of `like`, strictly contiguous.
 fn alloc_f32(like: &CubeTensor, shape: Vec<usize>) -> CubeTensor {
+    alloc(like, shape, DType::F32)
+}
+
+/// A tensor of `shape` and `dtype` on the device of `like`, strictly contiguous.
+fn alloc(like: &CubeTensor, shape: Vec<usize>, dtype: DType) -> CubeTensor {
     empty_device_contiguous_dtype(
         like.client.clone(),
         like.device.clone(),
         Shape::from(shape),
-        DType::F32,
+        dtype,
     )
 }
 
-/// The forward op, `out[t] = Σ_{s≤t} λ[t, ℓ(t,s)] e^{Γt−Γs} (q_t·k_s) v_s`, as f32
-/// `[B, T, H, P]` from `q, k: [B, T, H, N]`, `v: [B, T, H, P]`, `g: [B, T, H]`,
+/// The forward op, `out[t] = Σ_{s≤t} λ[t, ℓ(t,s)] e^{Γt−Γs} (q_t·k_s) v_s`, as `[B, T, H, P]`
+/// in the dtype of `q` (rounded once from f32 accumulators) from `q, k: [B, T, H, N]`,
+/// `v: [B, T, H, P]`, `g: [B, T, H]`,
 /// `lambda: [B, T, H, L]`: on tensor cores where they run, else the scalar kernel.
 pub fn causal(
     q: CubeTensor,
@@ -304,8 +310,9 @@ pub fn causal(
     causal_with(q, k, v, g, lambda, false)
 }
 
-/// Mamba-2 (SSD), `o[t] = Σ_{s≤t} e^{Γt−Γs} (q_t·k_s) v_s` as f32 `[B, T, H, P]`: the forward
-/// kernels with one state instead of the Fenwick levels — λ ≡ 1 without the levels.
+/// Mamba-2 (SSD), `o[t] = Σ_{s≤t} e^{Γt−Γs} (q_t·k_s) v_s` as `[B, T, H, P]` in the dtype of
+/// `q`: the forward kernels with one state instead of the Fenwick levels — λ ≡ 1 without the
+/// levels.
 pub fn mamba2(q: CubeTensor, k: CubeTensor, v: CubeTensor, g: CubeTensor) -> CubeTensor {
     let [bs, t, h, _] = q.meta.shape().dims::<4>();
     // The kernels read a λ of one level they then ignore: g itself, viewed as [B, T, H, 1].
@@ -339,7 +346,9 @@ fn causal_with(
         bitlen(t.div_ceil(plan.chunk) - 1)
     };
     let geometry = plan.geometry(nk, width, levels, nlev);
-    let out = alloc_f32(&q, vec![bs, t, h, width]);
+    // Written in the input dtype: a separate cast of an f32 output read 4 and wrote 2 bytes a
+    // value more (≈ 0.8 ms at T = 8192, B = 16, H = 48, P = 64).
+    let out = alloc(&q, vec![bs, t, h, width], q.dtype);
     let states = alloc_f32(&q, vec![tiles * bs * h * nlev.max(1) * nk * plan.pt]);
     let client = q.client.clone();
     let dtypes = [
@@ -382,9 +391,25 @@ fn causal_with(
     out
 }
 
-/// The fused backward's two launches: `(dq, dλ, dk)` per value tile (f32 `[tiles, B, T, H, N]`,
-/// `[tiles, B, T, H, L]`, `[tiles, B, T, H, N]`, summed by the caller) and `dv` (f32
-/// `[B, T, H, P]`), from the inputs and the output gradient `d_o` (dtype of `q`).
+/// What the fused backward's two launches return. `dq`, `dk`, `dl` and `dgamma` come per value
+/// tile (leading dimension `tiles`) and sum over it; with one tile `dq` and `dk` are already in
+/// the dtype of `q`, with several they are f32 partials.
+pub struct BackwardGrads {
+    /// `[tiles, B, T, H, N]`.
+    pub dq: CubeTensor,
+    /// `[tiles, B, T, H, N]`.
+    pub dk: CubeTensor,
+    /// `[B, T, H, P]`, dtype of `q`.
+    pub dv: CubeTensor,
+    /// `[tiles, B, T, H, L]`, f32.
+    pub dl: CubeTensor,
+    /// `dΓ_t = Σ_ℓ λ[t,ℓ] dλ[t,ℓ] − v_t·dv_t` (`dO_t·o_t − v_t·dv_t`), `[tiles, B, T, H]`, f32:
+    /// `dg` is its reverse cumulative sum over time.
+    pub dgamma: CubeTensor,
+}
+
+/// The fused backward's two launches ([`BackwardGrads`]) from the inputs and the output
+/// gradient `d_o` (dtype of `q`).
 pub fn backward(
     q: CubeTensor,
     k: CubeTensor,
@@ -392,7 +417,7 @@ pub fn backward(
     g: CubeTensor,
     lambda: CubeTensor,
     d_o: CubeTensor,
-) -> (CubeTensor, CubeTensor, CubeTensor, CubeTensor) {
+) -> BackwardGrads {
     let [bs, t, h, nk] = q.meta.shape().dims::<4>();
     let width = v.meta.shape()[3];
     let levels = lambda.meta.shape()[3];
@@ -405,22 +430,29 @@ pub fn backward(
     let tiles = width.div_ceil(plan.pt);
     let nlev = bitlen(t.div_ceil(plan.chunk) - 1);
     let geometry = plan.geometry(nk, width, levels, nlev);
-    let dq = alloc_f32(&q, vec![tiles, bs, t, h, nk]);
+    // Gradients the kernels write whole are written in the input dtype (a separate cast read 4
+    // and wrote 2 bytes a value more: ≈ 4 ms of dq, dk and dv at T = 8192, B = 16, H = 48 on an
+    // H100, bench/RESULTS.md session 29); per-tile partials stay f32 until they are summed.
+    let partial = if tiles == 1 { q.dtype } else { DType::F32 };
+    let dq = alloc(&q, vec![tiles, bs, t, h, nk], partial);
+    let dk = alloc(&q, vec![tiles, bs, t, h, nk], partial);
+    let dv = alloc(&q, vec![bs, t, h, width], q.dtype);
     let dl = alloc_f32(&q, vec![tiles, bs, t, h, levels]);
-    let dk = alloc_f32(&q, vec![tiles, bs, t, h, nk]);
-    let dv = alloc_f32(&q, vec![bs, t, h, width]);
+    let dgamma = alloc_f32(&q, vec![tiles, bs, t, h]);
     // One scratch serves both launches (they run one after the other on the stream).
     let states = alloc_f32(&q, vec![tiles * bs * h * nlev.max(1) * nk * plan.pt]);
     let client = q.client.clone();
     let dtypes = [
         dtype_to_storage_type(q.dtype),
         dtype_to_storage_type(g.dtype),
+        dtype_to_storage_type(partial),
     ];
     let [q, k, v, g, lambda, d_o] = [q, k, v, g, lambda, d_o].map(into_contiguous);
     let cubes = CubeCount::Static((bs * h) as u32, tiles as u32, 1);
     let threads = CubeDim::new_1d(plan.threads as u32);
-    // The causal kernel writes dq and dλ, the anticausal one dk and dv; the tensor-core pair
-    // takes the vector size of its input loads first.
+    // The causal kernel writes dq, dλ and dΓ's first term, then the anticausal one dk, dv and
+    // subtracts dΓ's second (it must run after); the tensor-core pair takes the vector size of
+    // its input loads first.
     macro_rules! launch {
         ($kernel:ident, $first:expr, $second:expr $(, $vector:expr)?) => {
             $kernel::launch(
@@ -436,6 +468,7 @@ pub fn backward(
                 lambda.clone().into_tensor_arg(),
                 $first.clone().into_tensor_arg(),
                 $second.clone().into_tensor_arg(),
+                dgamma.clone().into_tensor_arg(),
                 states.clone().into_tensor_arg(),
                 bs,
                 t,
@@ -454,7 +487,13 @@ pub fn backward(
         launch!(causal_backward_kernel, dq, dl);
         launch!(anticausal_backward_kernel, dk, dv);
     }
-    (dq, dl, dk, dv)
+    BackwardGrads {
+        dq,
+        dk,
+        dv,
+        dl,
+        dgamma,
+    }
 }
 
 /// The vector size (elements per load) of the tensor-core kernels' bf16 `inputs` (contiguous,

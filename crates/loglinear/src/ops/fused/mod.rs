@@ -17,8 +17,9 @@
 //! The backward keeps only the inputs (derivation in `README.md` beside this file): with
 //! `W[t,s] = λ[t,ℓ(t,s)] e^{Γt−Γs}`, one causal launch gives `dq` and `dλ` from the forward's
 //! level states, one anticausal launch `dk` and `dv` from one set of states
-//! `Σ_t λ e q_t dO_tᵀ`; then `dΓ_t = Σ_ℓ λ[t,ℓ] dλ[t,ℓ] − v_t·dv_t` (the first term is
-//! `dO_t·o_t`) and `dg = reverse cumsum of dΓ` (in two levels, `reverse_cumsum_over_time`).
+//! `Σ_t λ e q_t dO_tᵀ`. The two kernels also sum `dΓ_t = Σ_ℓ λ[t,ℓ] dλ[t,ℓ] − v_t·dv_t` (the
+//! first term is `dO_t·o_t`), and `dg` is its reverse cumsum over time (in two levels,
+//! `reverse_cumsum_over_time`).
 
 mod backward;
 mod cube;
@@ -105,9 +106,7 @@ impl LogLinearKernels for CubeBackend {
         g: FloatTensor<Self>,
         lambda: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        let dtype = q.dtype;
-        let o = launch::causal(q, k, v, g, lambda);
-        cast(o, dtype)
+        launch::causal(q, k, v, g, lambda)
     }
 
     fn mamba2_fused(
@@ -116,8 +115,7 @@ impl LogLinearKernels for CubeBackend {
         v: FloatTensor<Self>,
         g: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        let dtype = q.dtype;
-        cast(launch::mamba2(q, k, v, g), dtype)
+        launch::mamba2(q, k, v, g)
     }
 
     fn log_linear_fused_backward(
@@ -141,13 +139,10 @@ impl LogLinearKernels for CubeBackend {
         let grad = cast(grad, dtype);
         let dl_shape = lambda.meta.shape().clone();
         let key_shape = q.meta.shape().clone();
-        let lambda_all = lambda.clone();
-        let v_all = v.clone();
-        // dq, dk and dλ come per value tile.
-        let (dq, dl, dk, dv) = launch::backward(q, k, v, g.clone(), lambda, grad);
-        // One value tile (P ≤ the tile width, the common case) needs no sum: a reduction over
-        // a dimension of one still read and wrote dq and dk in full (6.5 ms at T = 8192,
-        // B = 16, H = 48 on an H100; bench/RESULTS.md session 29).
+        let grads = launch::backward(q, k, v, g, lambda, grad);
+        // Per value tile: with one tile (P ≤ the tile width, the common case) a reshape, as a
+        // reduction over a dimension of one still reads and writes the tensor in full (6.5 ms
+        // of dq, dk and dλ at T = 8192, B = 16, H = 48 on an H100; bench/RESULTS.md session 29).
         let sum_tiles = |t: FloatTensor<Self>, shape| {
             if t.meta.shape()[0] == 1 {
                 Cb::float_reshape(t, shape)
@@ -155,22 +150,16 @@ impl LogLinearKernels for CubeBackend {
                 Cb::float_reshape(Cb::float_sum_dim(t, 0), shape)
             }
         };
-        let dq = sum_tiles(dq, key_shape.clone());
-        let dk = sum_tiles(dk, key_shape);
-        let dl = sum_tiles(dl, dl_shape);
-        // dΓ_t = dO_t·o_t − v_t·dv_t with dO_t·o_t = Σ_ℓ λ[t,ℓ] dλ[t,ℓ] (o is λ-weighted per
-        // level), all in f32 and without keeping o; dg is the reverse cumulative sum over time.
-        let f32 = |t: FloatTensor<Self>| cast(t, DType::F32);
-        let read = Cb::float_sum_dim(Cb::float_mul(f32(lambda_all), dl.clone()), 3);
-        let written = Cb::float_sum_dim(Cb::float_mul(f32(v_all), dv.clone()), 3);
-        let dgamma = Cb::float_reshape(Cb::float_sub(read, written), shape);
+        // dg is the reverse cumulative sum over time of dΓ_t = dO_t·o_t − v_t·dv_t, which the
+        // kernels sum per token (`launch::BackwardGrads::dgamma`).
+        let dgamma = sum_tiles(grads.dgamma, shape);
         let dg = reverse_cumsum_over_time(dgamma);
         (
-            cast(dq, dtype),
-            cast(dk, dtype),
-            cast(dv, dtype),
+            cast(sum_tiles(grads.dq, key_shape.clone()), dtype),
+            cast(sum_tiles(grads.dk, key_shape), dtype),
+            grads.dv,
             cast(dg, g_dtype),
-            cast(dl, g_dtype),
+            cast(sum_tiles(grads.dl, dl_shape), g_dtype),
         )
     }
 }

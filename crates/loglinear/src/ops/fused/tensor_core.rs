@@ -43,8 +43,9 @@ pub const ALIGN: usize = 128;
 /// Fenwick levels, the baseline that log-linear attention's extra state passes are measured by.
 ///
 /// Shapes: `q, k: [B, T, H, nk]`, `v: [B, T, H, width]` (dtype `E`; launched for bf16),
-/// `g: [B, T, H]`, `lambda: [B, T, H, levels]` (dtype `G`); `out: [B, T, H, width]` (f32);
-/// `states`: `tiles·B·H·nlev·nk·pt` f32 scratch. Grid `(B·H, tiles)`, [`THREADS`] units.
+/// `g: [B, T, H]`, `lambda: [B, T, H, levels]` (dtype `G`); `out: [B, T, H, width]` (dtype
+/// `E`, rounded once from the f32 accumulator); `states`: `tiles·B·H·nlev·nk·pt` f32 scratch.
+/// Grid `(B·H, tiles)`, [`THREADS`] units.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
 pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
@@ -53,7 +54,7 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
     v: &Tensor<Vector<E, N>>,
     g: &Tensor<G>,
     lambda: &Tensor<G>,
-    out: &mut Tensor<f32>,
+    out: &mut Tensor<E>,
     states: &mut Tensor<Vector<f32, StateVec>>,
     batch: usize,
     seq: usize,
@@ -137,7 +138,7 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
         // (2) Scores Q Kᵀ, lower-triangular tiles (Kᵀ is K read column-major).
         tile_matmul::<E>(
             &qb, &qb, &kb, &kb, &mut stage, plane, planes, chunk, nk, chunk, false, ldk, true, ldk,
-            FULL, LOWER, EXACT, stage_size, lss,
+            FULL, LOWER, EXACT, lss,
         );
         sync_cube();
         // Weights: e^{γi−γj} λ[i, ℓ(i,j)] below the diagonal, zero above.
@@ -162,7 +163,7 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
         // (3) In-chunk output S̃ V.
         tile_matmul::<E>(
             &scratch, &scratch, &vb, &vb, &mut stage, plane, planes, chunk, chunk, pt, false, ldw,
-            false, ldv, LOWER, FULL, EXACT, stage_size, lso,
+            false, ldv, LOWER, FULL, EXACT, lso,
         );
         sync_cube();
         let mut acc = Array::<f32>::new(rows_out);
@@ -170,7 +171,10 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
         for r in 0..rows_out {
             acc[r] = stage[(rbase + r * rstep) * lso + pc];
         }
-        sync_cube();
+        // No barrier here nor after each level below: the next write of `stage` is a product
+        // that follows a barrier (a level's, or the one before the key state's product) which
+        // every unit reaches only after its reads of `stage`, and the next write of `scratch`
+        // (a level read, or kd ⊙ V) follows the barrier after the last product that read it.
         // (4) Earlier chunks: chunk level i is read when bit i−1 of j is set.
         // The levels of the trailing ones of j are read here and then retired: their sum,
         // decayed by this chunk, plus this chunk's key state becomes level `ones` in (5).
@@ -209,7 +213,7 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
                 sync_cube();
                 tile_matmul::<E>(
                     &qb, &qb, &scratch, &scratch, &mut stage, plane, planes, chunk, nk, pt, false,
-                    ldk, false, ldv, FULL, FULL, EXACT, stage_size, lso,
+                    ldk, false, ldv, FULL, FULL, EXACT, lso,
                 );
                 sync_cube();
                 let f = scale[lvi];
@@ -222,7 +226,6 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
                     }
                     acc[r] += stage[i * lso + pc] * w;
                 }
-                sync_cube();
             }
         }
         #[unroll]
@@ -230,7 +233,7 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
             let t = t0 + rbase + r * rstep;
             let p = p0 + pc;
             if t < seq && p < width {
-                out[row(bi, t, h, seq, heads, width) + p] = acc[r];
+                out[row(bi, t, h, seq, heads, width) + p] = E::cast_from(acc[r]);
             }
         }
         // (5) This chunk's key state Kᵀ (kd ⊙ V) and the levels it retired become level `ones`
@@ -249,7 +252,7 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
             // Kᵀ (kd ⊙ V): Kᵀ is K read column-major.
             tile_matmul::<E>(
                 &kb, &kb, &scratch, &scratch, &mut stage, plane, planes, nk, chunk, pt, true, ldk,
-                false, ldv, FULL, FULL, EXACT, stage_size, lso,
+                false, ldv, FULL, FULL, EXACT, lso,
             );
             sync_cube();
             if single {
@@ -351,13 +354,8 @@ pub fn tile_matmul<E: Float>(
     #[comptime] a_tri: u32,
     #[comptime] out_tri: u32,
     #[comptime] split: u32,
-    #[comptime] stage_size: usize,
     #[comptime] ldc: usize,
 ) {
-    // The staging buffer's length bounded the WMMA stores' slices (until v13); the stores below
-    // index the buffer directly. Removing the argument from the 16 call sites is left for the
-    // next kernel change that is rebuilt and retested on the GPU anyway.
-    let _ = stage_size;
     let col_tiles = comptime!(cols / TILE);
     let inner_tiles = comptime!(inner / TILE);
     let def = MmaDefinition::<E, E, f32>::new(TILE, HALF, TILE);

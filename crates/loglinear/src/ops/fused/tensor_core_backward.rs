@@ -98,27 +98,28 @@ pub fn tc_backward_shared_bytes(
     inputs + 4 * floats + 14 * ALIGN
 }
 
-/// Causal half of the backward on tensor cores: `dq` and `dλ` per value tile, as
-/// [`causal_backward_kernel`](super::backward::causal_backward_kernel) but with the level states
-/// key-major (`[nk][pt]`, as the forward's).
+/// Causal half of the backward on tensor cores: `dq`, `dλ` and `dΓ`'s first term per value tile,
+/// as [`causal_backward_kernel`](super::backward::causal_backward_kernel) but with the level
+/// states key-major (`[nk][pt]`, as the forward's).
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
-pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
+pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
     q: &Tensor<Vector<E, N>>,
     k: &Tensor<Vector<E, N>>,
     v: &Tensor<Vector<E, N>>,
     d_o: &Tensor<Vector<E, N>>,
     g: &Tensor<G>,
     lambda: &Tensor<G>,
-    dq: &mut Tensor<f32>,
+    dq: &mut Tensor<O>,
     dl: &mut Tensor<f32>,
+    dgamma: &mut Tensor<f32>,
     states: &mut Tensor<Vector<f32, StateVec>>,
     batch: usize,
     seq: usize,
     heads: usize,
     width: usize,
     #[comptime] geo: Geometry,
-    #[define(E, G)] _dtypes: [ElemType; 2],
+    #[define(E, G, O)] _dtypes: [ElemType; 3],
 ) {
     let (chunk, nk, pt) = comptime!((geo.chunk, geo.nk, geo.pt));
     let (levels, nlev) = comptime!((geo.levels, geo.nlev));
@@ -170,6 +171,9 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     let mut kd = Shared::<[f32]>::new_slice(chunk);
     let mut eg = Shared::<[f32]>::new_slice(chunk);
     let mut scale = Shared::<[f32]>::new_slice(comptime!(nlev.max(1)));
+    // dO_t·o_t = Σ_ℓ λ[t,ℓ] dλ[t,ℓ] per row, summed by the unit that writes the row's dλ of
+    // the in-chunk levels (lane i % 32 of the row's plane, which also sees the level reads).
+    let mut read = Shared::<[f32]>::new_slice(chunk);
 
     if u < nlev {
         scale[u] = 1.0f32;
@@ -207,11 +211,11 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         // sd = e^{γt−γs} A B (the dλ terms) and sc = λ e^{γt−γs} B (the dq weights).
         tile_matmul::<E>(
             &qb, &qb, &kb, &kb, &mut stage, plane, planes, chunk, nk, chunk, false, ldk, true, ldk,
-            FULL, LOWER, EXACT, stage_size, lss,
+            FULL, LOWER, EXACT, lss,
         );
         tile_matmul::<E>(
             &ob, &ob, &vb, &vb, &mut sd, plane, planes, chunk, pt, chunk, false, ldv, true, ldv,
-            FULL, LOWER, EXACT, sd_size, lss,
+            FULL, LOWER, EXACT, lss,
         );
         sync_cube();
         idx = u;
@@ -258,6 +262,8 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             let half = i / 32;
             let owner = lane == i % 32 && t < seq;
             let mut block = sd[i * lss + half * 32 + lane];
+            let lam_row = i * levels;
+            let mut dot = lam[lam_row] * block;
             if owner {
                 dl[dl_row] = block;
             }
@@ -265,8 +271,11 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             for step in 0..5u32 {
                 let sibling = plane_shuffle_xor(block, 1u32 << step);
                 let lvl = usize::cast_from(step) + 1;
-                if owner && lvl < levels {
-                    dl[dl_row + lvl] = sibling;
+                if lvl < levels {
+                    dot += lam[lam_row + lvl] * sibling;
+                    if owner {
+                        dl[dl_row + lvl] = sibling;
+                    }
                 }
                 block += sibling;
             }
@@ -276,9 +285,15 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                 if half == 1 {
                     first_half = plane_sum(sd[i * lss + lane]);
                 }
-                if owner && 6 < levels {
-                    dl[dl_row + 6] = first_half;
+                if 6 < levels {
+                    dot += lam[lam_row + 6] * first_half;
+                    if owner {
+                        dl[dl_row + 6] = first_half;
+                    }
                 }
+            }
+            if lane == i % 32 {
+                read[i] = dot;
             }
             if owner {
                 for lvl in comptime!(log_c + 1)..levels {
@@ -289,7 +304,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         // dq in-chunk: sc K.
         tile_matmul::<E>(
             &sc, &sc_lo, &kb, &kb, &mut stage, plane, planes, chunk, chunk, nk, false, ldw, false,
-            ldk, LOWER, FULL, w_split_a, stage_size, lsk,
+            ldk, LOWER, FULL, w_split_a, lsk,
         );
         sync_cube();
         let mut acc = Array::<f32>::new(rows_q);
@@ -298,7 +313,10 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             let e = u + r * threads;
             acc[r] = stage[(e / nk) * lsk + e % nk];
         }
-        sync_cube();
+        // No barrier here nor after each level below (as in the forward): the next write of
+        // `stage` is a product behind a later barrier — a level's, or the one before the key
+        // state's product — and a level read writes only `hb`, which the last product that read
+        // it finished before the barrier that followed it.
         // Earlier chunks (bit i−1 of j set): X = dO Hᵀ (`C × nk`), dq += λ e f X and
         // dλ = e f q·X (row sums by one owner unit per row).
         // The levels of the trailing ones of j are read here and then retired: their sum, decayed
@@ -332,7 +350,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                 // Hᵀ: the key-major state read column-major.
                 tile_matmul::<E>(
                     &ob, &ob, &hb, &hb_lo, &mut stage, plane, planes, chunk, pt, nk, false, ldv,
-                    true, ldv, FULL, FULL, SPLIT_B, stage_size, lsk,
+                    true, ldv, FULL, FULL, SPLIT_B, lsk,
                 );
                 sync_cube();
                 let f = scale[lvi];
@@ -355,13 +373,15 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                             part += f32::cast_from(qb[i * ldk + n]) * stage[i * lsk + n];
                         }
                     }
-                    let sum = plane_sum(part);
-                    if lane == 0 && t < seq {
-                        let dl_row = (((tile * batch + bi) * seq + t) * heads + h) * levels;
-                        dl[dl_row + token_level] = sum * f * eg[i];
+                    let sum = plane_sum(part) * f * eg[i];
+                    if lane == i % 32 {
+                        read[i] += lam[i * levels + token_level] * sum;
+                        if t < seq {
+                            let dl_row = (((tile * batch + bi) * seq + t) * heads + h) * levels;
+                            dl[dl_row + token_level] = sum;
+                        }
                     }
                 }
-                sync_cube();
             }
         }
         #[unroll]
@@ -369,15 +389,27 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             let e = u + r * threads;
             let t = t0 + e / nk;
             if t < seq {
-                dq[(((tile * batch + bi) * seq + t) * heads + h) * nk + e % nk] = acc[r];
+                dq[(((tile * batch + bi) * seq + t) * heads + h) * nk + e % nk] =
+                    O::cast_from(acc[r]);
+            }
+        }
+        // The row's owner wrote `read` (no barrier needed: the same unit).
+        #[unroll]
+        for rr in 0..comptime!(chunk / planes) {
+            let i = plane + rr * planes;
+            let t = t0 + i;
+            if lane == i % 32 && t < seq {
+                dgamma[((tile * batch + bi) * seq + t) * heads + h] = read[i];
             }
         }
         // This chunk's key state Kᵀ (kd ⊙ V) and the levels it retired become level `ones`
         // (the forward's state, key-major; see `tensor_core::carry_len`).
         if nlev > 0 {
+            // Every unit's reads of `stage` above end here.
+            sync_cube();
             tile_matmul::<E>(
                 &kb, &kb, &vt, &vt_lo, &mut stage, plane, planes, nk, chunk, pt, true, ldk, false,
-                ldv, FULL, FULL, SPLIT_B, stage_size, lsv,
+                ldv, FULL, FULL, SPLIT_B, lsv,
             );
             sync_cube();
             if ones < nlev && log_c + ones + 1 < levels {
@@ -410,26 +442,28 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, N: Size>(
     }
 }
 
-/// Anticausal half of the backward on tensor cores: `dv` (this value tile) and `dk` (per value
-/// tile), as [`anticausal_backward_kernel`](super::backward::anticausal_backward_kernel).
+/// Anticausal half of the backward on tensor cores: `dv` (this value tile), `dk` (per value
+/// tile) and `dΓ`'s second term, as
+/// [`anticausal_backward_kernel`](super::backward::anticausal_backward_kernel).
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
-pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
+pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
     q: &Tensor<Vector<E, N>>,
     k: &Tensor<Vector<E, N>>,
     v: &Tensor<Vector<E, N>>,
     d_o: &Tensor<Vector<E, N>>,
     g: &Tensor<G>,
     lambda: &Tensor<G>,
-    dk: &mut Tensor<f32>,
-    dv: &mut Tensor<f32>,
+    dk: &mut Tensor<O>,
+    dv: &mut Tensor<E>,
+    dgamma: &mut Tensor<f32>,
     states: &mut Tensor<Vector<f32, StateVec>>,
     batch: usize,
     seq: usize,
     heads: usize,
     width: usize,
     #[comptime] geo: Geometry,
-    #[define(E, G)] _dtypes: [ElemType; 2],
+    #[define(E, G, O)] _dtypes: [ElemType; 3],
 ) {
     let (chunk, nk, pt) = comptime!((geo.chunk, geo.nk, geo.pt));
     let (levels, nlev) = comptime!((geo.levels, geo.nlev));
@@ -526,7 +560,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         // W = λ[t, ℓ(t,s)] e^{γt−γs}.
         tile_matmul::<E>(
             &kb, &kb, &qb, &qb, &mut stage, plane, planes, chunk, nk, chunk, false, ldk, true, ldk,
-            FULL, UPPER, EXACT, stage_size, lss,
+            FULL, UPPER, EXACT, lss,
         );
         tile_matmul::<E>(
             &vb,
@@ -546,7 +580,6 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             FULL,
             UPPER,
             EXACT,
-            stage2_len,
             lss,
         );
         sync_cube();
@@ -583,7 +616,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
         // dv = (W ⊙ A) dO, dk = (W ⊙ B) Q (upper-triangular weights).
         tile_matmul::<E>(
             &sa, &sa_lo, &ob, &ob, &mut stage, plane, planes, chunk, chunk, pt, false, ldw, false,
-            ldv, UPPER, FULL, SPLIT_A, stage_size, lsv,
+            ldv, UPPER, FULL, SPLIT_A, lsv,
         );
         tile_matmul::<E>(
             &sb,
@@ -603,7 +636,6 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             UPPER,
             FULL,
             w_split_a,
-            stage2_len,
             lsk,
         );
         sync_cube();
@@ -620,7 +652,10 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
             let e = u + r * threads;
             acc_k[r] = stage2[(e / nk) * lsk + e % nk];
         }
-        sync_cube();
+        // No barrier here nor after each level read or update below (as in the forward): a
+        // staging buffer is next written by a product behind a later barrier, and a level read
+        // (`gb`) or an update's operand (`sa`) only after the barrier that followed the last
+        // product that read it.
         // Later chunks (bit i−1 of j clear): dv += kd f K G, dk += kd f V Gᵀ.
         for lvi in 0..nlev {
             let token_level = log_c + lvi + 1;
@@ -633,7 +668,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                 let f = scale[lvi];
                 tile_matmul::<E>(
                     &kb, &kb, &gb, &gb_lo, &mut stage, plane, planes, chunk, nk, pt, false, ldk,
-                    false, ldv, FULL, FULL, SPLIT_B, stage_size, lsv,
+                    false, ldv, FULL, FULL, SPLIT_B, lsv,
                 );
                 // Gᵀ: the key-major state read column-major.
                 tile_matmul::<E>(
@@ -654,7 +689,6 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                     FULL,
                     FULL,
                     w_split_b,
-                    stage2_len,
                     lsk,
                 );
                 sync_cube();
@@ -670,24 +704,51 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                     let i = e / nk;
                     acc_k[r] += stage2[i * lsk + e % nk] * f * kd[i];
                 }
-                sync_cube();
             }
         }
+        // Every unit's reads of `stage` and `stage2` above end here.
+        sync_cube();
+        // dv, and v ⊙ dv staged for dΓ's second term.
         #[unroll]
         for r in 0..rows_v {
             let e = u + r * threads;
-            let t = t0 + e / pt;
-            let p = p0 + e % pt;
+            let (i, c) = (e / pt, e % pt);
+            let t = t0 + i;
+            let p = p0 + c;
             if t < seq && p < width {
-                dv[row(bi, t, h, seq, heads, width) + p] = acc_v[r];
+                dv[row(bi, t, h, seq, heads, width) + p] = E::cast_from(acc_v[r]);
             }
+            stage[i * lsv + c] = acc_v[r] * f32::cast_from(vb[i * ldv + c]);
         }
         #[unroll]
         for r in 0..rows_k {
             let e = u + r * threads;
             let t = t0 + e / nk;
             if t < seq {
-                dk[(((tile * batch + bi) * seq + t) * heads + h) * nk + e % nk] = acc_k[r];
+                dk[(((tile * batch + bi) * seq + t) * heads + h) * nk + e % nk] =
+                    O::cast_from(acc_k[r]);
+            }
+        }
+        sync_cube();
+        // dΓ_t −= v_t·dv_t over this tile's columns (the causal kernel wrote the first term):
+        // one plane per row, lanes over columns (zero past the width), a plane sum.
+        #[unroll]
+        for rr in 0..comptime!(chunk / planes) {
+            let i = plane + rr * planes;
+            let t = t0 + i;
+            let lane = u % 32;
+            let mut part = 0.0f32;
+            #[unroll]
+            for m in 0..comptime!(pt.div_ceil(32)) {
+                let c = lane + m * 32;
+                if c < pt {
+                    part += stage[i * lsv + c];
+                }
+            }
+            let written = plane_sum(part);
+            if lane == 0 && t < seq {
+                let at = ((tile * batch + bi) * seq + t) * heads + h;
+                dgamma[at] -= written;
             }
         }
         // Updates (bit i−1 of j set): G += Qᵀ (λ[·, ℓ] e^{γ} ⊙ dO), one product per level.
@@ -709,7 +770,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                 // Qᵀ: q read column-major.
                 tile_matmul::<E>(
                     &qb, &qb, &sa, &sa_lo, &mut stage, plane, planes, nk, chunk, pt, true, ldk,
-                    false, ldv, FULL, FULL, SPLIT_B, stage_size, lsv,
+                    false, ldv, FULL, FULL, SPLIT_B, lsv,
                 );
                 sync_cube();
                 let base = state_base + lvi * comptime!(level_size / 4);
@@ -717,7 +778,6 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, N: Size>(
                 let fresh = j % period == period - 1;
                 let f = scale[lvi] * chunk_decay;
                 merge_level(states, &stage, base, f, fresh, u, nk, pt, lsv, threads);
-                sync_cube();
             }
         }
         sync_storage();
