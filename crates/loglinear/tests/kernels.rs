@@ -3,8 +3,8 @@
 //! random inputs per run, NaN-tailed input buffers. Runs on a WGPU device (any Vulkan driver,
 //! including the software rasteriser lavapipe): `cargo test -p loglinear --features wgpu --test
 //! kernels`. Built with `--features cuda` they run on the first CUDA device instead, including
-//! the bf16 tensor-core kernels (scripts/build-gpu-tests.sh builds them here, scripts/gpu-test.sh
-//! runs them on the GPU machine).
+//! the bf16 tensor-core kernels (`scripts/build-gpu.sh --tests` builds them here,
+//! `scripts/gpu-test.sh` runs them on the GPU machine).
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 use burn::prelude::*;
