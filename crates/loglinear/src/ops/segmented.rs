@@ -187,8 +187,9 @@ const PLAN_ROWS_PER_MULTIPROCESSOR: usize = 4;
 /// [`PLAN_MIN_SEGMENT`]. Measured on the H200 in bf16 (bench/RESULTS.md, sessions 16–17):
 /// forward+backward at B = 1, T = 131,072, H = 48 483 → 189 ms (as `Form::Fused`, session 17);
 /// the LM step at T = 8192 × 4 (32 rows, segments of 1,024) 103.3 → 99.1 ms; at 768 rows
-/// (T = 8192 × 16) one launch is faster (115 vs 145 ms), so it is kept from `multiprocessors`
-/// rows up.
+/// (T = 8192 × 16) one launch is faster (115 vs 145 ms), and at 192 rows (T = 32,768 × 4, one
+/// and a half rows per multiprocessor) too (110 ms against 123–143 with segments of 4,096 to
+/// 16,384 on an H100, session 31), so it is kept from `multiprocessors` rows up.
 pub fn planned_segment(rows: usize, t: usize, multiprocessors: usize) -> Option<usize> {
     if rows >= multiprocessors || t < PLAN_MIN_SEQUENCE {
         return None;
@@ -216,6 +217,8 @@ mod tests {
         assert_eq!(planned_segment(32, 8192, h200), Some(1024));
         // 768 rows (T = 8192 × 16, H = 48): the card is full, one launch.
         assert_eq!(planned_segment(768, 8192, h200), None);
+        // 192 rows (T = 32,768 × 4, H = 48): one launch, measured faster than any segments.
+        assert_eq!(planned_segment(192, 32_768, h200), None);
         assert_eq!(planned_segment(h200, 1 << 20, h200), None);
         // Short sequences: one launch, however few the rows.
         assert_eq!(planned_segment(1, 4096, h200), None);
