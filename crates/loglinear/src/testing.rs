@@ -255,7 +255,7 @@ pub fn check_fused(
 
 /// [`check_fused`] over aligned segments of `segment` tokens (`Form::Segmented`), or with
 /// `None` as `Form::Fused` runs it (gradients tracked: the segments of
-/// [`crate::ops::fused::training_segment`] where it plans any, else one launch).
+/// [`crate::ops::fused::walk_segment`] where it plans any, else one launch).
 #[cfg(feature = "kernels")]
 pub fn check_fused_segments(
     device: &Device,

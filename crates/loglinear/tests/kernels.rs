@@ -54,15 +54,18 @@ fn check_mixed(dims: Dims, dtype: DType, g_dtype: DType, tol: f64) {
     }
 }
 
-/// The kernels over aligned segments (`Form::Segmented`: segments as batch rows, one state per
-/// segment for the pairs across them), output and all gradients: a partial last segment,
-/// segments of one chunk and of several, a long sequence in four segments.
+/// The kernels walking aligned segments in cubes of their own (`Form::Segmented`: the levels
+/// across segments written before the launch from one state per segment and level), output and
+/// all gradients: a partial last segment, segments of one chunk (every level across) and of
+/// several, segments shorter than a chunk (one chunk each), a long sequence in four segments.
 #[test]
 fn fused_over_segments_matches_reference() {
     let (f32, bf16) = (DType::F32, DType::BF16);
     let half = device().supports_dtype(bf16);
     for (t, segment, dtype, g_dtype, tol) in [
         (70, Some(32), f32, f32, 2e-5),
+        (300, Some(16), f32, f32, 2e-5),
+        (1100, Some(32), f32, f32, 2e-5),
         (200, Some(64), f32, f32, 2e-5),
         (1000, Some(128), f32, f32, 2e-5),
         (2000, Some(512), f32, f32, 2e-5),
@@ -96,11 +99,11 @@ fn fused_over_segments_matches_reference() {
     }
 }
 
-/// `Form::Fused` in training: one sequence of 8,192 tokens and one head leaves the card idle in
-/// one launch, so with tensor cores the plan takes segments of 1,024 — output and all gradients
-/// against the f64 reference through `Form::Fused` itself (`check_fused_segments` with `None`).
+/// `Form::Fused`: one sequence of 8,192 tokens and one head leaves the card idle in one cube, so
+/// with tensor cores the plan walks segments of 1,024 — output and all gradients against the f64
+/// reference through `Form::Fused` itself (`check_fused_segments` with `None`).
 #[test]
-fn fused_trains_long_sequences_with_few_heads_in_planned_segments() {
+fn fused_walks_long_sequences_with_few_heads_in_planned_segments() {
     let device = device();
     if !loglinear::ops::fused::bf16_cmma(&device) {
         eprintln!(
@@ -118,7 +121,7 @@ fn fused_trains_long_sequences_with_few_heads_in_planned_segments() {
     };
     let x = loglinear::ops::LogLinearInput::random(dims, 1, DType::BF16, &device);
     assert_eq!(
-        loglinear::ops::fused::training_segment(&x),
+        loglinear::ops::fused::walk_segment(&x),
         Some(1024),
         "{dims:?}: the plan should cut segments here"
     );

@@ -20,17 +20,18 @@ pub enum Form {
     Recurrent,
     /// The fused CubeCL kernels (forward and backward) on CUDA and WGPU devices: the chunkwise
     /// algorithm in one pass over the sequence per (batch, head, value tile), with every chunk
-    /// level's state kept by the kernel — or, for training on tensor cores with sequences too
-    /// few and too long to fill the device, over the segments of [`crate::ops::planned_segment`]
+    /// level's state kept by the kernel — or, on tensor cores with sequences too few and too
+    /// long to fill the device, one pass per aligned segment of [`crate::ops::planned_segment`]
     /// ([`Form::Segmented`]). Elsewhere, and for what the kernels do not cover (an
     /// initial or returned state, f64, shared memory too small for the widths), it is
     /// `Chunked { chunk: 64 }`; on a CubeCL device such a fallback prints a one-time warning.
     Fused,
-    /// The sequence-parallel form: aligned segments of `segment` tokens (a power of two) as
-    /// independent rows of the batch for [`Form::Fused`] (every pair inside a segment), plus one
-    /// state per segment for the pairs across segments ([`crate::ops::segmented`]). For long
-    /// sequences with few heads, which leave most of a GPU idle in one launch. Without kernels
-    /// the segments take the chunked form; a Fenwick state in or out takes the chunked form.
+    /// The sequence-parallel form: aligned segments of `segment` tokens (a power of two), each
+    /// walked by the fused kernels in a cube of its own (every pair inside it), the levels across
+    /// segments written before the launch from one state per segment and level. For long
+    /// sequences with few heads, which leave most of a GPU idle in one pass per sequence.
+    /// Without kernels the segments are batch rows of the chunked form plus the pairs across them
+    /// ([`crate::ops::segmented`]); a Fenwick state in or out takes the chunked form.
     Segmented {
         /// Segment length, a power of two.
         segment: usize,

@@ -10,8 +10,9 @@
 //! * [`Form::Recurrent`]: the O(log T) Fenwick state stepped token by token (also the decoder);
 //! * [`Form::Fused`]: the fused CubeCL kernels ([`fused`], features `cuda`/`wgpu`) where they
 //!   run (else the chunked form);
-//! * [`Form::Segmented`]: the same kernels over aligned segments as batch rows, per-segment
-//!   states for the pairs across them ([`segmented`]; for long sequences with few heads), and
+//! * [`Form::Segmented`]: the same kernels walking aligned segments in parallel, the pairs across
+//!   segments from per-segment states (for long sequences with few heads; without kernels the
+//!   tensor form [`segmented`]), and
 //!   [`Form::Auto`]: whichever of the two is faster for the inputs at hand ([`auto_form`]).
 //!
 //! All forms take the same [`LogLinearInput`], an optional initial [`FenwickState`], and can

@@ -169,29 +169,33 @@ pub fn segmented(
     o.narrow(1, 0, t).cast(dtype)
 }
 
-/// Sequences shorter than this run in one launch whatever the rows: the shortest at which
+/// Sequences shorter than this are walked whole whatever the rows: the shortest at which
 /// segments were measured to win (the LM step at T = 8192, bench/RESULTS.md, session 16).
 const PLAN_MIN_SEQUENCE: usize = 8192;
-/// The shortest segment the plan cuts (each halving adds a level read across segments).
+/// The shortest segment the plan cuts (each halving adds a level across segments).
 const PLAN_MIN_SEGMENT: usize = 1024;
 /// The rows per multiprocessor the plan aims at: at B = 1, T = 131,072, H = 48 on the H200's
-/// 132 multiprocessors that is segments of 8,192 (768 rows), measured as fast as 2,048 (3,072
-/// rows) for forward+backward and faster for the forward.
+/// 132 multiprocessors that is segments of 8,192 (768 rows).
 const PLAN_ROWS_PER_MULTIPROCESSOR: usize = 4;
+/// Rows per multiprocessor from which one walk per sequence is kept: the tensor-core backward
+/// runs one cube per multiprocessor, so fewer than two rows per multiprocessor leave part of
+/// the card idle in the last wave (T = 32,768 × 4, H = 48: 192 rows, 1.45 waves).
+const PLAN_WHOLE_ROWS_PER_MULTIPROCESSOR: usize = 2;
 
-/// The segment length [`crate::ops::Form::Fused`] trains with on a device of `multiprocessors`
-/// multiprocessors, for `rows = B·H` sequences of `t` tokens, or `None` for one launch over the
-/// whole sequence. Segments only where one launch leaves the card idle — fewer rows than
-/// multiprocessors, each walking a long sequence — and then the longest power of two that
-/// gives [`PLAN_ROWS_PER_MULTIPROCESSOR`] rows per multiprocessor, but no shorter than
-/// [`PLAN_MIN_SEGMENT`]. Measured on the H200 in bf16 (bench/RESULTS.md, sessions 16–17):
-/// forward+backward at B = 1, T = 131,072, H = 48 483 → 189 ms (as `Form::Fused`, session 17);
-/// the LM step at T = 8192 × 4 (32 rows, segments of 1,024) 103.3 → 99.1 ms; at 768 rows
-/// (T = 8192 × 16) one launch is faster (115 vs 145 ms), and at 192 rows (T = 32,768 × 4, one
-/// and a half rows per multiprocessor) too (110 ms against 123–143 with segments of 4,096 to
-/// 16,384 on an H100, session 31), so it is kept from `multiprocessors` rows up.
+/// The segment length [`crate::ops::Form::Fused`] walks in on a device of `multiprocessors`
+/// multiprocessors, for `rows = B·H` sequences of `t` tokens, or `None` for one walk over each
+/// whole sequence. Segments only where whole walks leave the card idle — fewer than
+/// [`PLAN_WHOLE_ROWS_PER_MULTIPROCESSOR`] rows per multiprocessor, each walking a long
+/// sequence — and then the longest power of two that gives [`PLAN_ROWS_PER_MULTIPROCESSOR`]
+/// rows per multiprocessor, but no shorter than [`PLAN_MIN_SEGMENT`].
+///
+/// The kernels walk the segments themselves (each segment a cube, the levels across segments
+/// written before the launch). Until session 32 the segments were batch rows of one launch
+/// with the pairs across them added by tensor ops, which lost to one walk from one row per
+/// multiprocessor up (T = 32,768 × 4 on an H100: 110 ms against 123–143, session 31) and won
+/// below it (B = 1, T = 131,072, H = 48 on the H200: 483 → 189 ms, session 17).
 pub fn planned_segment(rows: usize, t: usize, multiprocessors: usize) -> Option<usize> {
-    if rows >= multiprocessors || t < PLAN_MIN_SEQUENCE {
+    if rows >= PLAN_WHOLE_ROWS_PER_MULTIPROCESSOR * multiprocessors || t < PLAN_MIN_SEQUENCE {
         return None;
     }
     let want = PLAN_ROWS_PER_MULTIPROCESSOR * multiprocessors;
@@ -215,19 +219,21 @@ mod tests {
         assert_eq!(planned_segment(48, 131_072, h200), Some(8192));
         // The LM step at 8192 × 4 with 8 heads: the shortest segment, 1,024 (256 rows).
         assert_eq!(planned_segment(32, 8192, h200), Some(1024));
-        // 768 rows (T = 8192 × 16, H = 48): the card is full, one launch.
+        // 768 rows (T = 8192 × 16, H = 48): the card is full, one walk per sequence.
         assert_eq!(planned_segment(768, 8192, h200), None);
-        // 192 rows (T = 32,768 × 4, H = 48): one launch, measured faster than any segments.
-        assert_eq!(planned_segment(192, 32_768, h200), None);
-        assert_eq!(planned_segment(h200, 1 << 20, h200), None);
-        // Short sequences: one launch, however few the rows.
+        // 192 rows (T = 32,768 × 4, H = 48): 1.45 rows per multiprocessor, segments of 8,192.
+        assert_eq!(planned_segment(192, 32_768, h200), Some(8192));
+        // Two rows per multiprocessor and more: one walk per sequence.
+        assert_eq!(planned_segment(2 * h200, 1 << 20, h200), None);
+        // Short sequences: one walk each, however few the rows.
         assert_eq!(planned_segment(1, 4096, h200), None);
         assert_eq!(planned_segment(1, 8191, h200), None);
         // Not a power of two: segments shorter than the sequence, a partial last one.
         assert_eq!(planned_segment(1, 10_000, h200), Some(1024));
         assert_eq!(planned_segment(100, 8192, h200), Some(1024));
         // Few multiprocessors: few segments.
-        assert_eq!(planned_segment(1, 8192, 1), None);
+        assert_eq!(planned_segment(2, 8192, 1), None);
+        assert_eq!(planned_segment(1, 8192, 1), Some(2048));
         assert_eq!(planned_segment(1, 8192, 2), Some(1024));
         assert_eq!(planned_segment(2, 65_536, 4), Some(8192));
         for (rows, t, sms) in [(1, 9000, 132), (7, 200_000, 132), (3, 16_384, 8)] {

@@ -21,7 +21,7 @@ use cubecl::prelude::*;
 
 use super::cube::{
     Geometry, REWRITES_CLEAR_BITS, REWRITES_SET_BITS, THREADS, advance_scales, bitlen, load_chunk,
-    row, trailing_ones,
+    own_levels, row, segment_chunks, trailing_ones,
 };
 
 /// Causal half of the backward: `dq`, `dλ` and `dΓ`'s first term `Σ_ℓ λ[t,ℓ] dλ[t,ℓ]`
@@ -49,6 +49,8 @@ pub fn causal_backward_kernel<E: Float, G: Float, O: Float>(
     seq: usize,
     heads: usize,
     width: usize,
+    segments: usize,
+    seg_chunks: usize,
     #[comptime] geo: Geometry,
     #[define(E, G, O)] _dtypes: [ElemType; 3],
 ) {
@@ -56,7 +58,10 @@ pub fn causal_backward_kernel<E: Float, G: Float, O: Float>(
     let (levels, nlev) = comptime!((geo.levels, geo.nlev));
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
-    let bi = bh / heads;
+    // Row `bh` of `batch·segments·heads`: segment `seg` of sequence `bi` (see `segment_chunks`).
+    let bi = bh / heads / segments;
+    let seg = (bh / heads) % segments;
+    let t_start = seg * seg_chunks * chunk;
     let h = bh % heads;
     let u = UNIT_POS_X as usize;
     let p0 = tile * pt;
@@ -76,7 +81,7 @@ pub fn causal_backward_kernel<E: Float, G: Float, O: Float>(
     let sj = comptime!(THREADS / chunk);
     let per_row = comptime!(chunk * chunk / THREADS);
     let level_size = comptime!(nk * pt);
-    let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt);
+    let state_base = (tile * batch * segments * heads + bh) * comptime!(nlev.max(1) * nk * pt);
 
     let mut qs = Shared::<[f32]>::new_slice(comptime!(chunk * (nk + 1)));
     let mut kt = Shared::<[f32]>::new_slice(comptime!(nk * (chunk + 1)));
@@ -95,10 +100,12 @@ pub fn causal_backward_kernel<E: Float, G: Float, O: Float>(
     if u < nlev {
         scale[u] = 1.0f32;
     }
-    let n_chunks = seq.div_ceil(chunk);
+    let n_chunks = segment_chunks(seq, t_start, seg_chunks, chunk);
 
     for j in 0..n_chunks {
-        let t0 = j * chunk;
+        let t0 = t_start + j * chunk;
+        // The chunk's index in the whole sequence: its bits say which levels it reads.
+        let jg = seg * seg_chunks + j;
         load_values::<E>(
             v, d_o, &mut vs, &mut ws, u, t0, p0, bi, h, seq, heads, width, chunk, pt,
         );
@@ -180,7 +187,7 @@ pub fn causal_backward_kernel<E: Float, G: Float, O: Float>(
         // dq_t += λ e X_t and dλ[t] = e q_t·X_t (row sums through `red`).
         for lvi in 0..nlev {
             let token_level = log_c + lvi + 1;
-            if (j >> lvi) & 1 == 1 && token_level < levels {
+            if (jg >> lvi) & 1 == 1 && token_level < levels {
                 let base = state_base + lvi * level_size;
                 let mut x = Array::<f32>::new(comptime!(rows_k * cp));
                 #[unroll]
@@ -278,7 +285,8 @@ pub fn causal_backward_kernel<E: Float, G: Float, O: Float>(
                 }
             }
             let chunk_decay = eg[comptime!(chunk - 1)];
-            let ones = trailing_ones(j);
+            // On the whole-sequence index: a level this chunk does not read (see `cube.rs`).
+            let ones = trailing_ones(jg);
             if ones < nlev && log_c + ones + 1 < levels {
                 #[unroll]
                 for r in 0..rows_p {
@@ -304,7 +312,7 @@ pub fn causal_backward_kernel<E: Float, G: Float, O: Float>(
             &mut scale,
             &eg,
             u,
-            j,
+            jg,
             chunk,
             levels,
             nlev,
@@ -338,6 +346,8 @@ pub fn anticausal_backward_kernel<E: Float, G: Float, O: Float>(
     seq: usize,
     heads: usize,
     width: usize,
+    segments: usize,
+    seg_chunks: usize,
     #[comptime] geo: Geometry,
     #[define(E, G, O)] _dtypes: [ElemType; 3],
 ) {
@@ -345,7 +355,10 @@ pub fn anticausal_backward_kernel<E: Float, G: Float, O: Float>(
     let (levels, nlev) = comptime!((geo.levels, geo.nlev));
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
-    let bi = bh / heads;
+    // Row `bh` of `batch·segments·heads`: segment `seg` of sequence `bi` (see `segment_chunks`).
+    let bi = bh / heads / segments;
+    let seg = (bh / heads) % segments;
+    let t_start = seg * seg_chunks * chunk;
     let h = bh % heads;
     let u = UNIT_POS_X as usize;
     let p0 = tile * pt;
@@ -369,7 +382,7 @@ pub fn anticausal_backward_kernel<E: Float, G: Float, O: Float>(
     let sj = comptime!(THREADS / chunk);
     let per_row = comptime!(chunk * chunk / THREADS);
     let level_size = comptime!(nk * pt);
-    let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt);
+    let state_base = (tile * batch * segments * heads + bh) * comptime!(nlev.max(1) * nk * pt);
 
     // `ks`: k row-major (the output side), `qt`: q transposed (the state side).
     let mut ks = Shared::<[f32]>::new_slice(comptime!(chunk * (nk + 1)));
@@ -389,17 +402,22 @@ pub fn anticausal_backward_kernel<E: Float, G: Float, O: Float>(
         scale[u] = 1.0f32;
     }
     // A period whose later half lies past the end is read before anything was added to it.
+    // Only the levels inside a segment: the ones above it hold the states of the later
+    // segments, written before the launch (`segments.rs`), and are only read here.
+    let own = own_levels(seg_chunks, nlev);
     let mut idx = u;
-    while idx < comptime!(nlev * nk * pt) {
+    while idx < own * level_size {
         states[state_base + idx] = 0.0f32;
         idx += THREADS;
     }
     sync_storage();
-    let n_chunks = seq.div_ceil(chunk);
+    let n_chunks = segment_chunks(seq, t_start, seg_chunks, chunk);
 
     for step in 0..n_chunks {
         let j = n_chunks - 1 - step;
-        let t0 = j * chunk;
+        let t0 = t_start + j * chunk;
+        // The chunk's index in the whole sequence: its bits say which levels it reads.
+        let jg = seg * seg_chunks + j;
         load_values::<E>(
             v, d_o, &mut vs, &mut ws, u, t0, p0, bi, h, seq, heads, width, chunk, pt,
         );
@@ -470,7 +488,7 @@ pub fn anticausal_backward_kernel<E: Float, G: Float, O: Float>(
         // half of the period, decayed to the end of chunk j (times the lazy factor).
         for lvi in 0..nlev {
             let token_level = log_c + lvi + 1;
-            if (j >> lvi) & 1 == 0 && token_level < levels {
+            if (jg >> lvi) & 1 == 0 && token_level < levels {
                 let base = state_base + lvi * level_size;
                 let f = scale[lvi];
                 let mut tmp = Array::<f32>::new(rows_out);
@@ -568,7 +586,7 @@ pub fn anticausal_backward_kernel<E: Float, G: Float, O: Float>(
         let chunk_decay = eg[comptime!(chunk - 1)];
         for lvi in 0..nlev {
             let token_level = log_c + lvi + 1;
-            if (j >> lvi) & 1 == 1 && token_level < levels {
+            if lvi < own && (jg >> lvi) & 1 == 1 && token_level < levels {
                 let mut gs = Array::<f32>::new(rows_state);
                 #[unroll]
                 for r in 0..rows_state {
@@ -586,7 +604,7 @@ pub fn anticausal_backward_kernel<E: Float, G: Float, O: Float>(
                 }
                 let base = state_base + lvi * level_size;
                 let period = 2usize << lvi;
-                let fresh = j % period == period - 1;
+                let fresh = jg % period == period - 1;
                 let f = scale[lvi] * chunk_decay;
                 #[unroll]
                 for r in 0..rows_state {
@@ -607,7 +625,7 @@ pub fn anticausal_backward_kernel<E: Float, G: Float, O: Float>(
             &mut scale,
             &eg,
             u,
-            j,
+            jg,
             chunk,
             levels,
             nlev,

@@ -70,6 +70,42 @@ pub fn trailing_ones(j: usize) -> usize {
     ones
 }
 
+/// The chunks a cube walks: `seg_chunks` from token `t_start` on, fewer where the sequence of
+/// `seq` tokens ends first.
+///
+/// Every kernel of the op walks one row of a grid of `batch·segments·heads` cubes: the whole
+/// sequence where `segments` is 1 (`seg_chunks` ≥ its chunks), else aligned segments of
+/// `seg_chunks` chunks (a power of two), each its own cube, so that a few long sequences still
+/// fill the card. A segment reads the levels above its own from states written before the
+/// launch (the pairs across segments, `segments.rs`); its chunks index those levels by their
+/// place in the whole sequence (`jg = seg·seg_chunks + j`), so the level structure is the one
+/// launch's.
+#[cube]
+pub fn segment_chunks(
+    seq: usize,
+    t_start: usize,
+    seg_chunks: usize,
+    #[comptime] chunk: usize,
+) -> usize {
+    let left = (seq - t_start).div_ceil(chunk);
+    let mut n = seg_chunks;
+    if left < n {
+        n = left;
+    }
+    n
+}
+
+/// The chunk levels inside a segment of `seg_chunks` chunks (all `nlev` in one launch): the
+/// anticausal kernels clear and update these, and only read the levels above.
+#[cube]
+pub fn own_levels(seg_chunks: usize, #[comptime] nlev: usize) -> usize {
+    let mut own = bitlen(seg_chunks - 1);
+    if own > nlev {
+        own = nlev;
+    }
+    own
+}
+
 /// Flat offset of token `t` of (batch `b`, head `h`) in a `[B, T, H, width]` tensor.
 #[cube]
 pub fn row(b: usize, t: usize, h: usize, seq: usize, heads: usize, width: usize) -> usize {
@@ -277,6 +313,8 @@ pub fn causal_kernel<E: Float, G: Float>(
     seq: usize,
     heads: usize,
     width: usize,
+    segments: usize,
+    seg_chunks: usize,
     #[comptime] geo: Geometry,
     #[comptime] single: bool,
     #[define(E, G)] _dtypes: [ElemType; 2],
@@ -285,7 +323,10 @@ pub fn causal_kernel<E: Float, G: Float>(
     let (levels, nlev) = comptime!((geo.levels, geo.nlev));
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
-    let bi = bh / heads;
+    // Row `bh` of `batch·segments·heads`: segment `seg` of sequence `bi` (see `segment_chunks`).
+    let bi = bh / heads / segments;
+    let seg = (bh / heads) % segments;
+    let t_start = seg * seg_chunks * chunk;
     let h = bh % heads;
     let u = UNIT_POS_X as usize;
     let p0 = tile * pt;
@@ -297,7 +338,7 @@ pub fn causal_kernel<E: Float, G: Float>(
     let sj = comptime!(THREADS / chunk);
     let per_row = comptime!(chunk * chunk / THREADS);
     let level_size = comptime!(nk * pt);
-    let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt);
+    let state_base = (tile * batch * segments * heads + bh) * comptime!(nlev.max(1) * nk * pt);
 
     let mut qs = Shared::<[f32]>::new_slice(comptime!(chunk * (nk + 1)));
     let mut kt = Shared::<[f32]>::new_slice(comptime!(nk * chunk));
@@ -315,10 +356,12 @@ pub fn causal_kernel<E: Float, G: Float>(
     }
     let pc = u % pt;
     let rbase = u / pt;
-    let n_chunks = seq.div_ceil(chunk);
+    let n_chunks = segment_chunks(seq, t_start, seg_chunks, chunk);
 
     for j in 0..n_chunks {
-        let t0 = j * chunk;
+        let t0 = t_start + j * chunk;
+        // The chunk's index in the whole sequence: its bits say which levels it reads.
+        let jg = seg * seg_chunks + j;
         // (1) Load the chunk (the value tile here, the rest in `load_chunk`) and (2) its decays.
         let mut idx = u;
         while idx < comptime!(chunk * pt) {
@@ -378,7 +421,7 @@ pub fn causal_kernel<E: Float, G: Float>(
         // the end of chunk j−1 (times the lazy factor scale[i−1]).
         for lvi in 0..nlev {
             let token_level = log_c + lvi + 1;
-            let mut read = (j >> lvi) & 1 == 1 && token_level < levels;
+            let mut read = (jg >> lvi) & 1 == 1 && token_level < levels;
             if single {
                 read = j > 0;
             }
@@ -457,7 +500,10 @@ pub fn causal_kernel<E: Float, G: Float>(
             } else {
                 // The levels of the trailing ones of j (all read above) and this chunk's state
                 // become level `ones`; no other level changes (see `tensor_core::carry_len`).
-                let ones = trailing_ones(j);
+                // Counted on the index in the whole sequence: level `ones` then has its bit of
+                // `jg` clear, so no unit of this chunk reads it. (The index in a segment can
+                // name a level across segments that this chunk reads: a race.)
+                let ones = trailing_ones(jg);
                 if ones < nlev && log_c + ones + 1 < levels {
                     #[unroll]
                     for r in 0..rows_state {
@@ -479,7 +525,7 @@ pub fn causal_kernel<E: Float, G: Float>(
             &mut scale,
             &eg,
             u,
-            j,
+            jg,
             chunk,
             levels,
             nlev,

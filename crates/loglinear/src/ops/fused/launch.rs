@@ -13,6 +13,7 @@ use cubecl::prelude::*;
 
 use super::backward::{anticausal_backward_kernel, causal_backward_kernel, key_lanes};
 use super::cube::{Geometry, TC_BACKWARD_THREADS, THREADS, causal_kernel};
+use super::segments::{across_states_kernel, segment_states_kernel};
 use super::tensor_core::{TILE, causal_tc_kernel, tc_shared_bytes};
 use super::tensor_core_backward::{
     anticausal_backward_tc_kernel, causal_backward_tc_kernel, tc_backward_shared_bytes,
@@ -261,12 +262,13 @@ fn plan_launch(
     q: &CubeTensor,
     width: usize,
     levels: usize,
+    segments: usize,
     (tensor_cores, scalar): (Kernels, Kernels),
 ) -> (Plan, bool) {
     let [bs, t, h, nk] = q.meta.shape().dims::<4>();
     let props = q.client.properties();
     let max_shared = props.hardware.max_shared_memory_size;
-    let parallel = Some((bs * h, multiprocessors(&q.device)));
+    let parallel = Some((bs * segments * h, multiprocessors(&q.device)));
     if crate::ops::on_tensor_cores(q.dtype, nk, props_bf16_cmma(props))
         && let Some(plan) = plan(tensor_cores, nk, width, levels, t, max_shared, parallel)
     {
@@ -276,6 +278,191 @@ fn plan_launch(
         panic!("log_linear_fused ({scalar:?}): no tile fits (N {nk}, P {width}, L {levels}, T {t})")
     });
     (plan, false)
+}
+
+/// How a launch walks its sequences: each in one cube (`segments` = 1, `seg_chunks` its chunks),
+/// or in `segments` aligned segments of `seg_chunks` chunks (a power of two), each a cube of its
+/// own, reading the levels across segments from states written before the launch
+/// (`segments.rs`). More cubes where few long sequences would leave the card idle.
+#[derive(Clone, Copy, Debug)]
+struct Walk {
+    segments: usize,
+    seg_chunks: usize,
+}
+
+impl Walk {
+    /// Segments of `segment` tokens over `t` (1 for `segment` 0 or `≥ t`), before the chunk is
+    /// known (for the planner's count of cubes).
+    fn segments_of(t: usize, segment: usize) -> usize {
+        if segment == 0 || segment >= t {
+            1
+        } else {
+            t.div_ceil(segment)
+        }
+    }
+
+    /// The walk for `segment` (a power of two; segments shorter than a chunk are one chunk).
+    fn new(t: usize, segment: usize, chunk: usize) -> Self {
+        let chunks = t.div_ceil(chunk);
+        if Self::segments_of(t, segment) == 1 {
+            return Walk {
+                segments: 1,
+                seg_chunks: chunks,
+            };
+        }
+        assert!(
+            segment.is_power_of_two(),
+            "log_linear_fused: segment length {segment} is not a power of two"
+        );
+        let seg_chunks = (segment / chunk).max(1);
+        Walk {
+            segments: chunks.div_ceil(seg_chunks),
+            seg_chunks,
+        }
+    }
+
+    /// The chunk levels inside a segment.
+    fn own_levels(self) -> usize {
+        bitlen(self.seg_chunks - 1)
+    }
+
+    /// The causal kernels' level scratch with the levels across segments written (`R`;
+    /// `value_major` for the scalar causal backward, whose levels are `[pt, nk]`), and the
+    /// segments' log-decays `[B·segments, H]` for [`Walk::query_side`].
+    #[allow(clippy::too_many_arguments)]
+    fn key_side(
+        self,
+        k: &CubeTensor,
+        v: &CubeTensor,
+        g: &CubeTensor,
+        lambda: &CubeTensor,
+        geo: Geometry,
+        tiles: usize,
+        value_major: bool,
+    ) -> (CubeTensor, CubeTensor) {
+        let [bs, t, h, nk] = k.meta.shape().dims::<4>();
+        let width = v.meta.shape()[3];
+        let rows = bs * self.segments;
+        let key_states = alloc_f32(k, vec![tiles, rows, h, 1, nk, geo.pt]);
+        let totals = alloc_f32(k, vec![rows, h]);
+        let client = k.client.clone();
+        let state_geo = Geometry {
+            threads: THREADS,
+            ..geo
+        };
+        segment_states_kernel::launch(
+            &client,
+            CubeCount::Static((rows * h) as u32, tiles as u32, 1),
+            CubeDim::new_1d(THREADS as u32),
+            k.clone().into_tensor_arg(),
+            v.clone().into_tensor_arg(),
+            g.clone().into_tensor_arg(),
+            lambda.clone().into_tensor_arg(),
+            key_states.clone().into_tensor_arg(),
+            totals.clone().into_tensor_arg(),
+            bs,
+            t,
+            h,
+            width,
+            self.segments,
+            self.seg_chunks,
+            self.own_levels(),
+            state_geo,
+            true,
+            [
+                dtype_to_storage_type(k.dtype),
+                dtype_to_storage_type(g.dtype),
+            ],
+        );
+        let states = self.across(&key_states, &totals, geo, tiles, true, value_major);
+        (states, totals)
+    }
+
+    /// The anticausal kernels' level scratch with the levels across segments written (`D`),
+    /// from `q`, the output gradient `d_o` and the segments' log-decays `totals`.
+    #[allow(clippy::too_many_arguments)]
+    fn query_side(
+        self,
+        q: &CubeTensor,
+        d_o: &CubeTensor,
+        g: &CubeTensor,
+        lambda: &CubeTensor,
+        totals: &CubeTensor,
+        geo: Geometry,
+        tiles: usize,
+    ) -> CubeTensor {
+        let [bs, t, h, nk] = q.meta.shape().dims::<4>();
+        let width = d_o.meta.shape()[3];
+        let rows = bs * self.segments;
+        let above = geo.nlev - self.own_levels();
+        let query_states = alloc_f32(q, vec![tiles, rows, h, above, nk, geo.pt]);
+        let client = q.client.clone();
+        let state_geo = Geometry {
+            threads: THREADS,
+            ..geo
+        };
+        segment_states_kernel::launch(
+            &client,
+            CubeCount::Static((rows * h) as u32, tiles as u32, above as u32),
+            CubeDim::new_1d(THREADS as u32),
+            q.clone().into_tensor_arg(),
+            d_o.clone().into_tensor_arg(),
+            g.clone().into_tensor_arg(),
+            lambda.clone().into_tensor_arg(),
+            query_states.clone().into_tensor_arg(),
+            totals.clone().into_tensor_arg(),
+            bs,
+            t,
+            h,
+            width,
+            self.segments,
+            self.seg_chunks,
+            self.own_levels(),
+            state_geo,
+            false,
+            [
+                dtype_to_storage_type(q.dtype),
+                dtype_to_storage_type(g.dtype),
+            ],
+        );
+        self.across(&query_states, totals, geo, tiles, false, false)
+    }
+
+    /// A level scratch `[tiles, B·segments, H, nlev, nk, pt]` (`value_major`: `pt, nk`) with the
+    /// levels across segments written from the segments' states (`across_states_kernel`).
+    fn across(
+        self,
+        seg_states: &CubeTensor,
+        totals: &CubeTensor,
+        geo: Geometry,
+        tiles: usize,
+        causal: bool,
+        value_major: bool,
+    ) -> CubeTensor {
+        let [_, rows, h, _, nk, pt] = seg_states.meta.shape().dims::<6>();
+        let bs = rows / self.segments;
+        let above = geo.nlev - self.own_levels();
+        let states = alloc_f32(seg_states, vec![tiles * rows * h * geo.nlev * nk * pt]);
+        across_states_kernel::launch(
+            &seg_states.client,
+            CubeCount::Static((rows * h) as u32, tiles as u32, above as u32),
+            CubeDim::new_1d(THREADS as u32),
+            seg_states.clone().into_tensor_arg(),
+            totals.clone().into_tensor_arg(),
+            states.clone().into_tensor_arg(),
+            bs,
+            h,
+            self.segments,
+            self.own_levels(),
+            Geometry {
+                threads: THREADS,
+                ..geo
+            },
+            causal,
+            value_major,
+        );
+        states
+    }
 }
 
 // Outputs are allocated strictly contiguous: the runtime's default allocation may pad rows (a
@@ -300,14 +487,19 @@ fn alloc(like: &CubeTensor, shape: Vec<usize>, dtype: DType) -> CubeTensor {
 /// in the dtype of `q` (rounded once from f32 accumulators) from `q, k: [B, T, H, N]`,
 /// `v: [B, T, H, P]`, `g: [B, T, H]`,
 /// `lambda: [B, T, H, L]`: on tensor cores where they run, else the scalar kernel.
+///
+/// `segment`: 0 (or `≥ T`) walks each sequence in one cube; else aligned segments of `segment`
+/// tokens (a power of two, at least one chunk) walk in cubes of their own, the levels across
+/// segments written before the launch ([`Walk`]).
 pub fn causal(
     q: CubeTensor,
     k: CubeTensor,
     v: CubeTensor,
     g: CubeTensor,
     lambda: CubeTensor,
+    segment: usize,
 ) -> CubeTensor {
-    causal_with(q, k, v, g, lambda, false)
+    causal_with(q, k, v, g, lambda, false, segment)
 }
 
 /// Mamba-2 (SSD), `o[t] = Σ_{s≤t} e^{Γt−Γs} (q_t·k_s) v_s` as `[B, T, H, P]` in the dtype of
@@ -318,10 +510,10 @@ pub fn mamba2(q: CubeTensor, k: CubeTensor, v: CubeTensor, g: CubeTensor) -> Cub
     // The kernels read a λ of one level they then ignore: g itself, viewed as [B, T, H, 1].
     let g = into_contiguous(g);
     let lambda = reshape(g.clone(), Shape::new([bs, t, h, 1]));
-    causal_with(q, k, v, g, lambda, true)
+    causal_with(q, k, v, g, lambda, true, 0)
 }
 
-/// [`causal`], or with `single` Mamba-2 (λ ignored, one state for the whole past).
+/// [`causal`], or with `single` Mamba-2 (λ ignored, one state for the whole past; one walk).
 fn causal_with(
     q: CubeTensor,
     k: CubeTensor,
@@ -329,16 +521,20 @@ fn causal_with(
     g: CubeTensor,
     lambda: CubeTensor,
     single: bool,
+    segment: usize,
 ) -> CubeTensor {
     let [bs, t, h, nk] = q.meta.shape().dims::<4>();
     let width = v.meta.shape()[3];
     let levels = lambda.meta.shape()[3];
+    let segment = if single { 0 } else { segment };
     let (plan, tensor_cores) = plan_launch(
         &q,
         width,
         levels,
+        Walk::segments_of(t, segment),
         (Kernels::TensorCoreForward, Kernels::Forward),
     );
+    let walk = Walk::new(t, segment, plan.chunk);
     let tiles = width.div_ceil(plan.pt);
     let nlev = if single {
         usize::from(t > plan.chunk)
@@ -349,14 +545,18 @@ fn causal_with(
     // Written in the input dtype: a separate cast of an f32 output read 4 and wrote 2 bytes a
     // value more (≈ 0.8 ms at T = 8192, B = 16, H = 48, P = 64).
     let out = alloc(&q, vec![bs, t, h, width], q.dtype);
-    let states = alloc_f32(&q, vec![tiles * bs * h * nlev.max(1) * nk * plan.pt]);
+    let [q, k, v, g, lambda] = [q, k, v, g, lambda].map(into_contiguous);
+    let states = if walk.segments > 1 {
+        walk.key_side(&k, &v, &g, &lambda, geometry, tiles, false).0
+    } else {
+        alloc_f32(&q, vec![tiles * bs * h * nlev.max(1) * nk * plan.pt])
+    };
     let client = q.client.clone();
     let dtypes = [
         dtype_to_storage_type(q.dtype),
         dtype_to_storage_type(g.dtype),
     ];
-    let [q, k, v, g, lambda] = [q, k, v, g, lambda].map(into_contiguous);
-    let cubes = CubeCount::Static((bs * h) as u32, tiles as u32, 1);
+    let cubes = CubeCount::Static((bs * walk.segments * h) as u32, tiles as u32, 1);
     let threads = CubeDim::new_1d(plan.threads as u32);
     macro_rules! launch {
         ($kernel:ident $(, $vector:expr)?) => {
@@ -376,6 +576,8 @@ fn causal_with(
                 t,
                 h,
                 width,
+                walk.segments,
+                walk.seg_chunks,
                 geometry,
                 single,
                 dtypes,
@@ -409,7 +611,7 @@ pub struct BackwardGrads {
 }
 
 /// The fused backward's two launches ([`BackwardGrads`]) from the inputs and the output
-/// gradient `d_o` (dtype of `q`).
+/// gradient `d_o` (dtype of `q`), walking the sequences as [`causal`] does for `segment`.
 pub fn backward(
     q: CubeTensor,
     k: CubeTensor,
@@ -417,6 +619,7 @@ pub fn backward(
     g: CubeTensor,
     lambda: CubeTensor,
     d_o: CubeTensor,
+    segment: usize,
 ) -> BackwardGrads {
     let [bs, t, h, nk] = q.meta.shape().dims::<4>();
     let width = v.meta.shape()[3];
@@ -425,8 +628,10 @@ pub fn backward(
         &q,
         width,
         levels,
+        Walk::segments_of(t, segment),
         (Kernels::TensorCoreBackward, Kernels::Backward),
     );
+    let walk = Walk::new(t, segment, plan.chunk);
     let tiles = width.div_ceil(plan.pt);
     let nlev = bitlen(t.div_ceil(plan.chunk) - 1);
     let geometry = plan.geometry(nk, width, levels, nlev);
@@ -439,8 +644,6 @@ pub fn backward(
     let dv = alloc(&q, vec![bs, t, h, width], q.dtype);
     let dl = alloc_f32(&q, vec![tiles, bs, t, h, levels]);
     let dgamma = alloc_f32(&q, vec![tiles, bs, t, h]);
-    // One scratch serves both launches (they run one after the other on the stream).
-    let states = alloc_f32(&q, vec![tiles * bs * h * nlev.max(1) * nk * plan.pt]);
     let client = q.client.clone();
     let dtypes = [
         dtype_to_storage_type(q.dtype),
@@ -448,13 +651,24 @@ pub fn backward(
         dtype_to_storage_type(partial),
     ];
     let [q, k, v, g, lambda, d_o] = [q, k, v, g, lambda, d_o].map(into_contiguous);
-    let cubes = CubeCount::Static((bs * h) as u32, tiles as u32, 1);
+    // In one walk one scratch serves both launches (they run one after the other on the
+    // stream); in segments each kernel starts from the levels across segments of its side.
+    let (causal_states, anticausal_states) = if walk.segments > 1 {
+        // The scalar causal backward keeps its levels value-major.
+        let (states, totals) = walk.key_side(&k, &v, &g, &lambda, geometry, tiles, !tensor_cores);
+        let query = walk.query_side(&q, &d_o, &g, &lambda, &totals, geometry, tiles);
+        (states, query)
+    } else {
+        let states = alloc_f32(&q, vec![tiles * bs * h * nlev.max(1) * nk * plan.pt]);
+        (states.clone(), states)
+    };
+    let cubes = CubeCount::Static((bs * walk.segments * h) as u32, tiles as u32, 1);
     let threads = CubeDim::new_1d(plan.threads as u32);
     // The causal kernel writes dq, dλ and dΓ's first term, then the anticausal one dk, dv and
     // subtracts dΓ's second (it must run after); the tensor-core pair takes the vector size of
     // its input loads first.
     macro_rules! launch {
-        ($kernel:ident, $first:expr, $second:expr $(, $vector:expr)?) => {
+        ($kernel:ident, $first:expr, $second:expr, $states:expr $(, $vector:expr)?) => {
             $kernel::launch(
                 &client,
                 cubes.clone(),
@@ -469,11 +683,13 @@ pub fn backward(
                 $first.clone().into_tensor_arg(),
                 $second.clone().into_tensor_arg(),
                 dgamma.clone().into_tensor_arg(),
-                states.clone().into_tensor_arg(),
+                $states.clone().into_tensor_arg(),
                 bs,
                 t,
                 h,
                 width,
+                walk.segments,
+                walk.seg_chunks,
                 geometry,
                 dtypes,
             )
@@ -481,11 +697,17 @@ pub fn backward(
     }
     if tensor_cores {
         let vector = vector_size(&[&q, &k, &v, &d_o]);
-        launch!(causal_backward_tc_kernel, dq, dl, vector);
-        launch!(anticausal_backward_tc_kernel, dk, dv, vector);
+        launch!(causal_backward_tc_kernel, dq, dl, causal_states, vector);
+        launch!(
+            anticausal_backward_tc_kernel,
+            dk,
+            dv,
+            anticausal_states,
+            vector
+        );
     } else {
-        launch!(causal_backward_kernel, dq, dl);
-        launch!(anticausal_backward_kernel, dk, dv);
+        launch!(causal_backward_kernel, dq, dl, causal_states);
+        launch!(anticausal_backward_kernel, dk, dv, anticausal_states);
     }
     BackwardGrads {
         dq,

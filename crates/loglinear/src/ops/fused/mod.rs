@@ -24,6 +24,7 @@
 mod backward;
 mod cube;
 mod launch;
+mod segments;
 pub(crate) mod tensor_core;
 mod tensor_core_backward;
 
@@ -58,6 +59,8 @@ use crate::ops::LogLinearInput;
 pub trait LogLinearKernels: Backend {
     /// `o: [B, T, H, P]` in the dtype of `q, k: [B, T, H, N]`, `v: [B, T, H, P]`, from those and
     /// `g: [B, T, H]`, `lambda: [B, T, H, L]` (same dtype as `q`, or f32 under mixed precision).
+    /// `segment`: 0 walks each sequence in one cube, else aligned segments of that many tokens
+    /// (a power of two) walk in cubes of their own (see `launch::causal`).
     #[fusion(dtype = q, shape = v)]
     fn log_linear_fused(
         q: FloatTensor<Self>,
@@ -65,6 +68,7 @@ pub trait LogLinearKernels: Backend {
         v: FloatTensor<Self>,
         g: FloatTensor<Self>,
         lambda: FloatTensor<Self>,
+        segment: usize,
     ) -> FloatTensor<Self>;
 
     /// Mamba-2 (SSD), `o[t] = Σ_{s≤t} e^{Γt−Γs} (q_t·k_s) v_s` in the dtype of `q`, by the
@@ -79,9 +83,9 @@ pub trait LogLinearKernels: Backend {
     ) -> FloatTensor<Self>;
 
     /// `(dq, dk, dv, dg, dλ)` in the dtypes of the inputs, from the inputs and the output
-    /// gradient `grad: [B, T, H, P]` (dtype of `q`).
+    /// gradient `grad: [B, T, H, P]` (dtype of `q`), walking as the forward did for `segment`.
     #[allow(clippy::type_complexity)]
-    #[fusion(meta = |q, k, v, g, lambda, _grad| (q.clone(), k.clone(), v.clone(), g.clone(), lambda.clone()))]
+    #[fusion(meta = |q, k, v, g, lambda, _grad, _segment| (q.clone(), k.clone(), v.clone(), g.clone(), lambda.clone()))]
     fn log_linear_fused_backward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -89,6 +93,7 @@ pub trait LogLinearKernels: Backend {
         g: FloatTensor<Self>,
         lambda: FloatTensor<Self>,
         grad: FloatTensor<Self>,
+        segment: usize,
     ) -> (
         FloatTensor<Self>,
         FloatTensor<Self>,
@@ -105,8 +110,9 @@ impl LogLinearKernels for CubeBackend {
         v: FloatTensor<Self>,
         g: FloatTensor<Self>,
         lambda: FloatTensor<Self>,
+        segment: usize,
     ) -> FloatTensor<Self> {
-        launch::causal(q, k, v, g, lambda)
+        launch::causal(q, k, v, g, lambda, segment)
     }
 
     fn mamba2_fused(
@@ -125,6 +131,7 @@ impl LogLinearKernels for CubeBackend {
         g: FloatTensor<Self>,
         lambda: FloatTensor<Self>,
         grad: FloatTensor<Self>,
+        segment: usize,
     ) -> (
         FloatTensor<Self>,
         FloatTensor<Self>,
@@ -139,7 +146,7 @@ impl LogLinearKernels for CubeBackend {
         let grad = cast(grad, dtype);
         let dl_shape = lambda.meta.shape().clone();
         let key_shape = q.meta.shape().clone();
-        let grads = launch::backward(q, k, v, g, lambda, grad);
+        let grads = launch::backward(q, k, v, g, lambda, grad, segment);
         // Per value tile: with one tile (P ≤ the tile width, the common case) a reshape, as a
         // reduction over a dimension of one still reads and writes the tensor in full (6.5 ms
         // of dq, dk and dλ at T = 8192, B = 16, H = 48 on an H100; bench/RESULTS.md session 29).
@@ -221,9 +228,13 @@ impl<B: Backend + LogLinearKernels, C: CheckpointStrategy> LogLinearKernels for 
         v: FloatTensor<Self>,
         g: FloatTensor<Self>,
         lambda: FloatTensor<Self>,
+        segment: usize,
     ) -> FloatTensor<Self> {
+        /// The backward walks the sequences as the forward did.
         #[derive(Debug)]
-        struct FusedBackward;
+        struct FusedBackward {
+            segment: usize,
+        }
 
         impl<B: Backend + LogLinearKernels> Backward<B, 5> for FusedBackward {
             type State = [FloatTensor<B>; 5];
@@ -236,7 +247,8 @@ impl<B: Backend + LogLinearKernels, C: CheckpointStrategy> LogLinearKernels for 
             ) {
                 let grad = grads.consume::<B>(&ops.node);
                 let [q, k, v, g, lambda] = ops.state;
-                let (dq, dk, dv, dg, dl) = B::log_linear_fused_backward(q, k, v, g, lambda, grad);
+                let (dq, dk, dv, dg, dl) =
+                    B::log_linear_fused_backward(q, k, v, g, lambda, grad, self.segment);
                 for (parent, d) in ops.parents.into_iter().zip([dq, dk, dv, dg, dl]) {
                     if let Some(node) = parent {
                         grads.register::<B>(node.id, d);
@@ -259,8 +271,10 @@ impl<B: Backend + LogLinearKernels, C: CheckpointStrategy> LogLinearKernels for 
             inputs[2].clone(),
             inputs[3].clone(),
             inputs[4].clone(),
+            segment,
         );
-        match FusedBackward.prepare::<C>(nodes).compute_bound().stateful() {
+        let backward = FusedBackward { segment };
+        match backward.prepare::<C>(nodes).compute_bound().stateful() {
             OpsKind::Tracked(prep) => prep.finish(inputs, o),
             OpsKind::UnTracked(prep) => prep.finish(o),
         }
@@ -288,6 +302,7 @@ impl<B: Backend + LogLinearKernels, C: CheckpointStrategy> LogLinearKernels for 
         g: FloatTensor<Self>,
         lambda: FloatTensor<Self>,
         grad: FloatTensor<Self>,
+        segment: usize,
     ) -> (
         FloatTensor<Self>,
         FloatTensor<Self>,
@@ -303,6 +318,7 @@ impl<B: Backend + LogLinearKernels, C: CheckpointStrategy> LogLinearKernels for 
             g.into_primitive(),
             lambda.into_primitive(),
             grad.into_primitive(),
+            segment,
         );
         let constant = <Self as AutodiffBackend>::from_inner;
         (
@@ -332,32 +348,29 @@ pub(crate) fn cube_bf16_cmma(device: &burn_cubecl::CubeDevice) -> bool {
 }
 
 /// The fused op on a CubeCL device, or why it cannot run there (the caller falls back to the
-/// chunked form): one launch over the whole sequences, or — when the inputs are tracked for a
-/// backward — over the segments of [`training_segment`]. The forward alone keeps one launch: it
-/// is faster there (B = 1, T = 131,072 on the H200: 36.6 ms against 65 over segments;
-/// bench/RESULTS.md).
+/// chunked form): each sequence walked in one cube, or — where few long sequences would leave
+/// the card idle — in the aligned segments of [`walk_segment`], each a cube of its own.
 pub fn fused(x: &LogLinearInput) -> Result<Tensor<4>, String> {
-    let tracked = [&x.q, &x.k, &x.v, &x.lambda].iter().any(|t| t.is_tracked()) || x.g.is_tracked();
-    fused_over(x, if tracked { training_segment(x) } else { None })
+    fused_over(x, walk_segment(x))
 }
 
-/// The segment length [`fused`] trains `x` with: [`crate::ops::planned_segment`] for its
+/// The segment length [`fused`] walks `x` in: [`crate::ops::planned_segment`] for its
 /// batch·heads, length and device, on tensor cores only (where the plan was measured); `None`
-/// for one launch over the whole sequence.
-pub fn training_segment(x: &LogLinearInput) -> Option<usize> {
+/// for one cube per sequence.
+pub fn walk_segment(x: &LogLinearInput) -> Option<usize> {
     let d = x.dims();
     crate::ops::on_tensor_cores(x.dtype(), d.n, bf16_cmma(&x.device()))
         .then(|| crate::ops::planned_segment(d.b * d.h, d.t, multiprocessors(&x.q)))
         .flatten()
 }
 
-/// [`fused`] over aligned segments of `segment` tokens (a power of two; `segment ≥ T`: the
-/// whole sequence in one launch): [`crate::ops::Form::Segmented`], [`crate::ops::segmented`].
+/// [`fused`] over aligned segments of `segment` tokens (a power of two; `segment ≥ T`: one
+/// cube per sequence), each walked by a cube of its own: [`crate::ops::Form::Segmented`].
 pub fn fused_in_segments(x: &LogLinearInput, segment: usize) -> Result<Tensor<4>, String> {
     fused_over(x, Some(segment))
 }
 
-/// The checks every launch needs, then the kernels over the whole sequence or over `segment`s.
+/// The checks every launch needs, then the kernels over whole sequences or over `segment`s.
 fn fused_over(x: &LogLinearInput, segment: Option<usize>) -> Result<Tensor<4>, String> {
     let d = x.dims();
     if !is_cube_device(&x.device()) {
@@ -391,26 +404,20 @@ fn fused_over(x: &LogLinearInput, segment: Option<usize>) -> Result<Tensor<4>, S
     let max_shared = max_shared_memory(&x.q);
     launch::supported(d.n, d.p, d.l, d.t, max_shared)?;
     let segment = match segment {
-        Some(s) if s.is_power_of_two() => Some(s).filter(|&s| s < d.t),
+        Some(s) if s.is_power_of_two() => s,
         Some(s) => return Err(format!("segment length {s} is not a power of two")),
-        None => None,
+        None => 0,
     };
-    Ok(match segment {
-        Some(segment) => crate::ops::segmented(x, segment, launch_whole),
-        None => launch_whole(x),
-    })
-}
-
-/// One launch of the kernels over whole sequences (checked by [`fused_over`]).
-fn launch_whole(x: &LogLinearInput) -> Tensor<4> {
+    crate::fenwick::check_levels("log_linear_attn(fused)", d.l, d.t);
     let o = <burn::backend::Dispatch as LogLinearKernels>::log_linear_fused(
         x.q.clone().into_dispatch(),
         x.k.clone().into_dispatch(),
         x.v.clone().into_dispatch(),
         x.g.clone().into_dispatch(),
         x.lambda.clone().into_dispatch(),
+        segment,
     );
-    Tensor::from_dispatch(o)
+    Ok(Tensor::from_dispatch(o))
 }
 
 /// Mamba-2 (SSD) on a CubeCL device, `o[t] = Σ_{s≤t} e^{Γt−Γs} (q_t·k_s) v_s` from `x` without

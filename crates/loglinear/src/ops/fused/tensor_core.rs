@@ -28,7 +28,7 @@ use cubecl::prelude::*;
 
 use super::cube::{
     Geometry, REWRITES_ALL, REWRITES_CLEAR_BITS, THREADS, advance_scales, bitlen, load_decays, row,
-    trailing_ones,
+    segment_chunks, trailing_ones,
 };
 
 /// Edge of one tensor-core tile.
@@ -60,6 +60,8 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
     seq: usize,
     heads: usize,
     width: usize,
+    segments: usize,
+    seg_chunks: usize,
     #[comptime] geo: Geometry,
     #[comptime] single: bool,
     #[define(E, G)] _dtypes: [ElemType; 2],
@@ -69,7 +71,10 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
     let (threads, planes) = comptime!((geo.threads, geo.threads / 32));
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
-    let bi = bh / heads;
+    // Row `bh` of `batch·segments·heads`: segment `seg` of sequence `bi` (see `segment_chunks`).
+    let bi = bh / heads / segments;
+    let seg = (bh / heads) % segments;
+    let t_start = seg * seg_chunks * chunk;
     let h = bh % heads;
     let u = UNIT_POS_X as usize;
     let plane = u / 32;
@@ -82,7 +87,7 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
     let rows_out = comptime!(chunk / (threads / pt));
     // The level states are read and written four floats at a time: offsets count vectors.
     let level_size = comptime!(nk * pt);
-    let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt / 4);
+    let state_base = (tile * batch * segments * heads + bh) * comptime!(nlev.max(1) * nk * pt / 4);
 
     // Rows of every shared tile are padded (8 bf16, 4 f32) so that the 16 rows of a tile fall
     // on different banks: with rows of 128 bf16 or 64 f32 (256 bytes) every row of a tile
@@ -116,10 +121,12 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
     if u < nlev {
         scale[u] = 1.0f32;
     }
-    let n_chunks = seq.div_ceil(chunk);
+    let n_chunks = segment_chunks(seq, t_start, seg_chunks, chunk);
 
     for j in 0..n_chunks {
-        let t0 = j * chunk;
+        let t0 = t_start + j * chunk;
+        // The chunk's index in the whole sequence: its bits say which levels it reads.
+        let jg = seg * seg_chunks + j;
         // (1) Load q, k (row-major) and the value tile in the input dtype; zero past the end.
         load_rows::<E, N>(
             q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads,
@@ -185,11 +192,12 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
             for r in 0..comptime!(carry_len(nk, pt, threads)) {
                 carry[r] = Vector::<f32, StateVec>::zeroed();
             }
-            ones = trailing_ones(j);
+            // On the whole-sequence index: a level this chunk does not read (see `cube.rs`).
+            ones = trailing_ones(jg);
         }
         for lvi in 0..nlev {
             let token_level = log_c + lvi + 1;
-            let mut read = (j >> lvi) & 1 == 1 && token_level < levels;
+            let mut read = (jg >> lvi) & 1 == 1 && token_level < levels;
             if single {
                 read = j > 0;
             }
@@ -289,7 +297,7 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
             &mut scale,
             &eg,
             u,
-            j,
+            jg,
             chunk,
             levels,
             nlev,

@@ -28,8 +28,8 @@
 use cubecl::prelude::*;
 
 use super::cube::{
-    Geometry, REWRITES_CLEAR_BITS, REWRITES_SET_BITS, advance_scales, bitlen, load_decays, row,
-    trailing_ones,
+    Geometry, REWRITES_CLEAR_BITS, REWRITES_SET_BITS, advance_scales, bitlen, load_decays,
+    own_levels, row, segment_chunks, trailing_ones,
 };
 use super::tensor_core::{
     ALIGN, EXACT, FULL, LOWER, SPLIT_A, SPLIT_B, StateVec, UPPER, carry_len, load_rows,
@@ -118,6 +118,8 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
     seq: usize,
     heads: usize,
     width: usize,
+    segments: usize,
+    seg_chunks: usize,
     #[comptime] geo: Geometry,
     #[define(E, G, O)] _dtypes: [ElemType; 3],
 ) {
@@ -128,7 +130,10 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
     let w_split_a = comptime!(if geo.tiled { SPLIT_A } else { EXACT });
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
-    let bi = bh / heads;
+    // Row `bh` of `batch·segments·heads`: segment `seg` of sequence `bi` (see `segment_chunks`).
+    let bi = bh / heads / segments;
+    let seg = (bh / heads) % segments;
+    let t_start = seg * seg_chunks * chunk;
     let h = bh % heads;
     let u = UNIT_POS_X as usize;
     let plane = u / 32;
@@ -137,7 +142,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
     let rows_q = comptime!(chunk * nk / threads);
     let level_size = comptime!(nk * pt);
     // The level states are read and written four floats at a time: offsets count vectors.
-    let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt / 4);
+    let state_base = (tile * batch * segments * heads + bh) * comptime!(nlev.max(1) * nk * pt / 4);
     let stage_size = comptime!(stage_len_backward(chunk, nk, pt));
     // Shared rows padded against bank conflicts (see `row_len_input`).
     let ldk = comptime!(row_len_input(nk));
@@ -178,10 +183,12 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
     if u < nlev {
         scale[u] = 1.0f32;
     }
-    let n_chunks = seq.div_ceil(chunk);
+    let n_chunks = segment_chunks(seq, t_start, seg_chunks, chunk);
 
     for j in 0..n_chunks {
-        let t0 = j * chunk;
+        let t0 = t_start + j * chunk;
+        // The chunk's index in the whole sequence: its bits say which levels it reads.
+        let jg = seg * seg_chunks + j;
         load_rows::<E, N>(
             q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads,
         );
@@ -326,10 +333,11 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
         for r in 0..comptime!(carry_len(nk, pt, threads)) {
             carry[r] = Vector::<f32, StateVec>::zeroed();
         }
-        let ones = trailing_ones(j);
+        // On the whole-sequence index: a level this chunk does not read (see `cube.rs`).
+        let ones = trailing_ones(jg);
         for lvi in 0..nlev {
             let token_level = log_c + lvi + 1;
-            if (j >> lvi) & 1 == 1 && token_level < levels {
+            if (jg >> lvi) & 1 == 1 && token_level < levels {
                 let base = state_base + lvi * comptime!(level_size / 4);
                 read_level_carry::<E>(
                     states,
@@ -432,7 +440,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
             &mut scale,
             &eg,
             u,
-            j,
+            jg,
             chunk,
             levels,
             nlev,
@@ -462,6 +470,8 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
     seq: usize,
     heads: usize,
     width: usize,
+    segments: usize,
+    seg_chunks: usize,
     #[comptime] geo: Geometry,
     #[define(E, G, O)] _dtypes: [ElemType; 3],
 ) {
@@ -474,7 +484,10 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
     let w_split_b = comptime!(if geo.tiled { SPLIT_B } else { EXACT });
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
-    let bi = bh / heads;
+    // Row `bh` of `batch·segments·heads`: segment `seg` of sequence `bi` (see `segment_chunks`).
+    let bi = bh / heads / segments;
+    let seg = (bh / heads) % segments;
+    let t_start = seg * seg_chunks * chunk;
     let h = bh % heads;
     let u = UNIT_POS_X as usize;
     let plane = u / 32;
@@ -484,7 +497,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
     let rows_v = comptime!(chunk * pt / threads);
     let level_size = comptime!(nk * pt);
     // The level states are read and written four floats at a time: offsets count vectors.
-    let state_base = (tile * batch * heads + bh) * comptime!(nlev.max(1) * nk * pt / 4);
+    let state_base = (tile * batch * segments * heads + bh) * comptime!(nlev.max(1) * nk * pt / 4);
     let stage_size = comptime!(stage_len_backward(chunk, nk, pt));
     // Shared rows padded against bank conflicts (see `row_len_input`).
     let ldk = comptime!(row_len_input(nk));
@@ -529,17 +542,22 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
         scale[u] = 1.0f32;
     }
     // A period whose later half lies past the end is read before anything was added to it.
+    // Only the levels inside a segment: the ones above it hold the states of the later
+    // segments, written before the launch (`segments.rs`), and are only read here.
+    let own = own_levels(seg_chunks, nlev);
     let mut idx = u;
-    while idx < comptime!(nlev * nk * pt / 4) {
+    while idx < own * comptime!(level_size / 4) {
         states[state_base + idx] = Vector::<f32, StateVec>::zeroed();
         idx += threads;
     }
     sync_storage();
-    let n_chunks = seq.div_ceil(chunk);
+    let n_chunks = segment_chunks(seq, t_start, seg_chunks, chunk);
 
     for step in 0..n_chunks {
         let j = n_chunks - 1 - step;
-        let t0 = j * chunk;
+        let t0 = t_start + j * chunk;
+        // The chunk's index in the whole sequence: its bits say which levels it reads.
+        let jg = seg * seg_chunks + j;
         load_rows::<E, N>(
             q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads,
         );
@@ -659,7 +677,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
         // Later chunks (bit i−1 of j clear): dv += kd f K G, dk += kd f V Gᵀ.
         for lvi in 0..nlev {
             let token_level = log_c + lvi + 1;
-            if (j >> lvi) & 1 == 0 && token_level < levels {
+            if (jg >> lvi) & 1 == 0 && token_level < levels {
                 let base = state_base + lvi * comptime!(level_size / 4);
                 read_level::<E>(
                     states, &mut gb, &mut gb_lo, base, u, nk, pt, ldv, true, threads,
@@ -755,7 +773,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
         let chunk_decay = eg[comptime!(chunk - 1)];
         for lvi in 0..nlev {
             let token_level = log_c + lvi + 1;
-            if (j >> lvi) & 1 == 1 && token_level < levels {
+            if lvi < own && (jg >> lvi) & 1 == 1 && token_level < levels {
                 idx = u;
                 while idx < comptime!(chunk * pt) {
                     let i = idx / pt;
@@ -775,7 +793,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
                 sync_cube();
                 let base = state_base + lvi * comptime!(level_size / 4);
                 let period = 2usize << lvi;
-                let fresh = j % period == period - 1;
+                let fresh = jg % period == period - 1;
                 let f = scale[lvi] * chunk_decay;
                 merge_level(states, &stage, base, f, fresh, u, nk, pt, lsv, threads);
             }
@@ -785,7 +803,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
             &mut scale,
             &eg,
             u,
-            j,
+            jg,
             chunk,
             levels,
             nlev,
