@@ -215,7 +215,7 @@ pub fn load_decays<G: Float>(
             // plane's inclusive sum plus the totals of the planes before it. No serial pass over
             // the chunk (a loop of `chunk` dependent shared reads that every unit waited for).
             comptime!(assert!(
-                chunk % 32 == 0,
+                chunk.is_multiple_of(32),
                 "load_decays: plane scans need whole planes"
             ));
             let lane = u % 32;

@@ -9,7 +9,10 @@
 //! * [`backward`]: the scalar backward, two kernels (`dq` and `dλ`; `dk` and `dv`);
 //! * [`tensor_core`], [`tensor_core_backward`]: the same three kernels with every product on
 //!   tensor cores (`mma.sync` with `ldmatrix`), for bf16 inputs on devices that have them;
-//! * [`launch`]: tile planning (shared-memory budget, tensor-core support) and launchers;
+//! * [`segments`]: the states across segments, for sequences walked in aligned segments (a
+//!   few long sequences: each segment a cube of its own, in the same kernels);
+//! * [`launch`]: tile planning (shared-memory budget, tensor-core support), the walk (whole
+//!   sequences or segments) and launchers;
 //! * this module: the extension trait [`LogLinearKernels`], its CubeCL and autodiff
 //!   implementations, [`fused`] (the entry point of `log_linear_attn` on CubeCL devices) and
 //!   [`mamba2`] (the single-state baseline).
