@@ -340,40 +340,11 @@ impl Walk {
         tiles: usize,
         value_major: bool,
     ) -> (CubeTensor, CubeTensor) {
-        let [bs, t, h, nk] = k.meta.shape().dims::<4>();
-        let width = v.meta.shape()[3];
+        let [bs, _, h, nk] = k.meta.shape().dims::<4>();
         let rows = bs * self.segments;
         let key_states = alloc_f32(k, vec![tiles, rows, h, 1, nk, geo.pt]);
         let totals = alloc_f32(k, vec![rows, h]);
-        let client = k.client.clone();
-        let state_geo = Geometry {
-            threads: THREADS,
-            ..geo
-        };
-        segment_states_kernel::launch(
-            &client,
-            CubeCount::Static((rows * h) as u32, tiles as u32, 1),
-            CubeDim::new_1d(THREADS as u32),
-            k.clone().into_tensor_arg(),
-            v.clone().into_tensor_arg(),
-            g.clone().into_tensor_arg(),
-            lambda.clone().into_tensor_arg(),
-            key_states.clone().into_tensor_arg(),
-            totals.clone().into_tensor_arg(),
-            bs,
-            t,
-            h,
-            width,
-            self.segments,
-            self.seg_chunks,
-            self.own_levels(),
-            state_geo,
-            true,
-            [
-                dtype_to_storage_type(k.dtype),
-                dtype_to_storage_type(g.dtype),
-            ],
-        );
+        self.segment_states(k, v, g, lambda, &key_states, &totals, geo, true);
         let states = self.across(&key_states, &totals, geo, tiles, true, value_major);
         (states, totals)
     }
@@ -391,41 +362,59 @@ impl Walk {
         geo: Geometry,
         tiles: usize,
     ) -> CubeTensor {
-        let [bs, t, h, nk] = q.meta.shape().dims::<4>();
-        let width = d_o.meta.shape()[3];
-        let rows = bs * self.segments;
+        let [bs, _, h, nk] = q.meta.shape().dims::<4>();
         let above = geo.nlev - self.own_levels();
-        let query_states = alloc_f32(q, vec![tiles, rows, h, above, nk, geo.pt]);
-        let client = q.client.clone();
-        let state_geo = Geometry {
-            threads: THREADS,
-            ..geo
-        };
+        let query_states = alloc_f32(q, vec![tiles, bs * self.segments, h, above, nk, geo.pt]);
+        self.segment_states(q, d_o, g, lambda, &query_states, totals, geo, false);
+        self.across(&query_states, totals, geo, tiles, false, false)
+    }
+
+    /// `segment_states_kernel` into `out` (`[tiles, B·segments, H, I, nk, pt]`, one cube per
+    /// segment, value tile and slot `I`): the key states of `a = k`, `b = v` and the segments'
+    /// log-decays into `totals` with `key`, else the query states of `a = q`, `b = dO` per level
+    /// above the segments.
+    #[allow(clippy::too_many_arguments)]
+    fn segment_states(
+        self,
+        a: &CubeTensor,
+        b: &CubeTensor,
+        g: &CubeTensor,
+        lambda: &CubeTensor,
+        out: &CubeTensor,
+        totals: &CubeTensor,
+        geo: Geometry,
+        key: bool,
+    ) {
+        let [bs, t, h, _] = a.meta.shape().dims::<4>();
+        let [tiles, rows, _, slots, _, _] = out.meta.shape().dims::<6>();
+        debug_assert_eq!(rows, bs * self.segments);
         segment_states_kernel::launch(
-            &client,
-            CubeCount::Static((rows * h) as u32, tiles as u32, above as u32),
+            &a.client,
+            CubeCount::Static((rows * h) as u32, tiles as u32, slots as u32),
             CubeDim::new_1d(THREADS as u32),
-            q.clone().into_tensor_arg(),
-            d_o.clone().into_tensor_arg(),
+            a.clone().into_tensor_arg(),
+            b.clone().into_tensor_arg(),
             g.clone().into_tensor_arg(),
             lambda.clone().into_tensor_arg(),
-            query_states.clone().into_tensor_arg(),
+            out.clone().into_tensor_arg(),
             totals.clone().into_tensor_arg(),
             bs,
             t,
             h,
-            width,
+            b.meta.shape()[3],
             self.segments,
             self.seg_chunks,
             self.own_levels(),
-            state_geo,
-            false,
+            Geometry {
+                threads: THREADS,
+                ..geo
+            },
+            key,
             [
-                dtype_to_storage_type(q.dtype),
+                dtype_to_storage_type(a.dtype),
                 dtype_to_storage_type(g.dtype),
             ],
         );
-        self.across(&query_states, totals, geo, tiles, false, false)
     }
 
     /// A level scratch `[tiles, B·segments, H, nlev, nk, pt]` (`value_major`: `pt, nk`) with the

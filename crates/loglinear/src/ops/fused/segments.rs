@@ -29,7 +29,7 @@
 
 use cubecl::prelude::*;
 
-use super::cube::{Geometry, THREADS, row};
+use super::cube::{Geometry, THREADS, load_decays, row};
 
 /// Value columns per unit block of the state kernels (a value tile is 16, 32 or 64 wide).
 const BLOCK_COLS: usize = 4;
@@ -99,8 +99,11 @@ pub fn segment_states_kernel<E: Float, G: Float>(
     let ng = u / pbk;
     let mut sa = Shared::<[f32]>::new_slice(comptime!(chunk * nk));
     let mut sb = Shared::<[f32]>::new_slice(comptime!(chunk * pt));
+    let mut lam = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
     let mut graw = Shared::<[f32]>::new_slice(chunk);
-    let mut w = Shared::<[f32]>::new_slice(chunk);
+    let mut gam = Shared::<[f32]>::new_slice(chunk);
+    let mut kd = Shared::<[f32]>::new_slice(chunk);
+    let mut eg = Shared::<[f32]>::new_slice(chunk);
     let mut acc = Array::<f32>::new(comptime!(block_rows(nk, pt) * BLOCK_COLS));
     #[unroll]
     for r in 0..comptime!(block_rows(nk, pt) * BLOCK_COLS) {
@@ -131,55 +134,30 @@ pub fn segment_states_kernel<E: Float, G: Float>(
             sa[idx] = x;
             idx += THREADS;
         }
-        if u < chunk {
-            let t = t0 + u;
-            let mut gv = 0.0f32;
-            if t < seq {
-                gv = f32::cast_from(g[(bi * seq + t) * heads + h]);
-            }
-            graw[u] = gv;
-        }
-        sync_cube();
-        // Per-token weights: e^{total − γ} (key), λ e^{offset + γ} (query); γ in-chunk.
-        if u < chunk {
-            let mut prefix = 0.0f32;
-            let mut total = 0.0f32;
-            for i in 0..chunk {
-                let gi = graw[i];
-                total += gi;
-                if i <= u {
-                    prefix += gi;
-                }
-            }
-            if key {
-                w[u] = (total - prefix).exp();
-            } else {
-                let t = t0 + u;
-                let mut lv = 0.0f32;
-                if t < seq {
-                    lv = f32::cast_from(lambda[row(bi, t, h, seq, heads, levels) + token_level]);
-                }
-                w[u] = lv * offset * prefix.exp();
-            }
-        }
-        sync_cube();
+        // The chunk's decays (γ in-chunk: `kd = e^{total − γ}`, `eg = e^{γ}`) and λ; ends with
+        // a barrier that also publishes `sa`.
+        load_decays::<G>(
+            g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
+            chunk, levels, THREADS, false,
+        );
+        // Per-token weights: e^{total − γ} (key), λ e^{offset + γ} (query).
         idx = u;
         while idx < comptime!(chunk * pt) {
             let i = idx / pt;
             let t = t0 + i;
             let p = p0 + idx % pt;
+            let mut w = kd[i];
+            if !key {
+                w = lam[i * levels + token_level] * offset * eg[i];
+            }
             let mut x = 0.0f32;
             if t < seq && p < width {
-                x = f32::cast_from(b[row(bi, t, h, seq, heads, width) + p]) * w[i];
+                x = f32::cast_from(b[row(bi, t, h, seq, heads, width) + p]) * w;
             }
             sb[idx] = x;
             idx += THREADS;
         }
-        // The chunk's total decay, summed by every unit alike.
-        let mut total = 0.0f32;
-        for i in 0..chunk {
-            total += graw[i];
-        }
+        let total = gam[comptime!(chunk - 1)];
         sync_cube();
         if key {
             // Earlier chunks decay through this one.
