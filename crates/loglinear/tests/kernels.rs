@@ -285,9 +285,9 @@ fn mamba2_is_the_op_with_lambda_one() {
         let x = LogLinearInput::random(dims, test_seed(1), dtype, &device());
         let o = loglinear::ops::fused::mamba2(&x)
             .unwrap_or_else(|why| panic!("{dims:?}: fused Mamba-2 did not run: {why}"));
-        // The reference in f64 on the host, from the same (f32) inputs: on CUDA, Burn's autotuned
-        // f32 matmuls may run on TF32 tensor cores (about 5e-4 relative), which a reference on
-        // the device would carry into the comparison.
+        // The reference in f64 on the host, from the same (f32 or bf16) inputs: on CUDA, Burn's
+        // autotuned f32 matmuls may run on TF32 tensor cores (about 5e-4 relative), which a
+        // reference on the device would carry into the comparison.
         let mut reference_input = HostInput::from_input(&x).to_input(DType::F64, &Device::flex());
         reference_input.lambda = reference_input.lambda.ones_like();
         let reference = log_linear_attn(&reference_input, Form::Parallel, None, false).o;
