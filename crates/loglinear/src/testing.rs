@@ -84,10 +84,17 @@ pub fn run_with_grads(
         Form::Fused | Form::Segmented { .. } | Form::Auto { .. }
     );
     let out = log_linear_attn(&x, form, initial, keeps_state);
-    let loss = (out.o.clone() * d_o.clone()).sum();
-    let grads = loss.backward();
+    let mut result = backward_of(&x, &out.o, d_o);
+    result.state = out.state.map(|s| to_f64(&s.levels));
+    result
+}
+
+/// The output `o` of the op on `x` (inputs tracked) and the five input gradients of the loss
+/// `Σ o ⊙ d_o`; no state.
+fn backward_of(x: &LogLinearInput, o: &Tensor<4>, d_o: &Tensor<4>) -> FormResult {
+    let grads = (o.clone() * d_o.clone()).sum().backward();
     FormResult {
-        o: to_f64(&out.o),
+        o: to_f64(o),
         grads: vec![
             ("dq", grad_or_zero(&x.q, x.q.grad(&grads))),
             ("dk", grad_or_zero(&x.k, x.k.grad(&grads))),
@@ -95,7 +102,7 @@ pub fn run_with_grads(
             ("dg", grad_or_zero(&x.g, x.g.grad(&grads))),
             ("dlambda", grad_or_zero(&x.lambda, x.lambda.grad(&grads))),
         ],
-        state: out.state.map(|s| to_f64(&s.levels)),
+        state: None,
     }
 }
 
@@ -255,7 +262,7 @@ pub fn check_fused(
 
 /// [`check_fused`] over aligned segments of `segment` tokens (`Form::Segmented`), or with
 /// `None` as `Form::Fused` runs it (gradients tracked: the segments of
-/// [`crate::ops::fused::walk_segment`] where it plans any, else one launch).
+/// [`crate::ops::fused::walk`] where it plans any, else one launch).
 #[cfg(feature = "kernels")]
 pub fn check_fused_segments(
     device: &Device,
@@ -264,6 +271,24 @@ pub fn check_fused_segments(
     g_dtype: DType,
     seed: u64,
     segment: Option<usize>,
+) -> Result<Vec<(&'static str, Closeness)>, String> {
+    let both = |s| crate::ops::PlannedWalk {
+        forward: Some(s),
+        backward: Some(s),
+    };
+    check_fused_walk(device, dims, dtype, g_dtype, seed, segment.map(both))
+}
+
+/// [`check_fused_segments`] with each pass's walk given (`walk`), or with `None` as
+/// `Form::Fused` runs it.
+#[cfg(feature = "kernels")]
+pub fn check_fused_walk(
+    device: &Device,
+    dims: crate::ops::Dims,
+    dtype: DType,
+    g_dtype: DType,
+    seed: u64,
+    walk: Option<crate::ops::PlannedWalk>,
 ) -> Result<Vec<(&'static str, Closeness)>, String> {
     let cpu = Device::flex().autodiff();
     let x = LogLinearInput::random(dims, seed, DType::F64, &Device::flex());
@@ -305,17 +330,18 @@ pub fn check_fused_segments(
         lambda: nan_tailed(&host.lambda, [b, t, h, l], g_dtype, &ad),
     };
     let d_od = nan_tailed(&d_o_host, [b, t, h, p], dtype, &ad);
-    let form = match segment {
-        Some(segment) => {
-            crate::ops::fused::fused_in_segments(&xd, segment)?;
-            Form::Segmented { segment }
+    let got = match walk {
+        Some(walk) => {
+            // As `run_with_grads`, through the op itself: no form names a mixed walk.
+            let x = xd.require_grad();
+            let o = crate::ops::fused::fused_walking(&x, walk)?;
+            backward_of(&x, &o, &d_od)
         }
         None => {
             crate::ops::fused::fused(&xd)?;
-            Form::Fused
+            run_with_grads(&xd, &d_od, Form::Fused, None)
         }
     };
-    let got = run_with_grads(&xd, &d_od, form, None);
     let mut out = vec![("o", closeness(&reference.o, &got.o))];
     for ((name, r), (_, g)) in reference.grads.iter().zip(&got.grads) {
         out.push((*name, closeness(r, g)));

@@ -11,8 +11,10 @@ use burn::prelude::*;
 use burn::tensor::DType;
 use loglinear::fenwick::num_levels;
 use loglinear::host::closeness;
-use loglinear::ops::Dims;
-use loglinear::testing::{assert_close, check_fused, check_fused_segments, test_seed};
+use loglinear::ops::{Dims, PlannedWalk};
+use loglinear::testing::{
+    assert_close, check_fused, check_fused_segments, check_fused_walk, test_seed,
+};
 
 /// The first CUDA device in CUDA builds, else the default WGPU adapter (lavapipe in CI).
 fn device() -> Device {
@@ -99,6 +101,46 @@ fn fused_over_segments_matches_reference() {
     }
 }
 
+/// The forward and the backward walking differently (the plan keeps one forward walk where the
+/// backward walks segments, `ops::planned_walk`): each pass recomputes what it needs, so any pair
+/// must give the f64 reference's output and gradients.
+#[test]
+fn fused_passes_walk_independently() {
+    let (f32, bf16) = (DType::F32, DType::BF16);
+    let half = device().supports_dtype(bf16);
+    let walk = |forward, backward| PlannedWalk { forward, backward };
+    for (t, walk, dtype, tol) in [
+        (300, walk(None, Some(64)), f32, 2e-5),
+        (1100, walk(Some(128), None), f32, 2e-5),
+        (1000, walk(Some(256), Some(32)), f32, 2e-5),
+        (2000, walk(None, Some(512)), bf16, 2e-2),
+    ] {
+        if dtype == bf16 && !half {
+            eprintln!("skipped the bf16 case: the device has no bf16");
+            continue;
+        }
+        let dims = Dims {
+            b: 1,
+            t,
+            h: 2,
+            n: 16,
+            p: 32,
+            l: num_levels(t),
+        };
+        let seed = test_seed(t as u64 ^ 0x3a1c);
+        let results = check_fused_walk(&device(), dims, dtype, DType::F32, seed, Some(walk))
+            .unwrap_or_else(|why| panic!("{dims:?}: the kernels did not run: {why}"));
+        for (name, c) in results.into_iter().take(6) {
+            assert!(
+                !c.non_finite && c.max_rel <= tol,
+                "{dims:?} {dtype:?} {walk:?} seed {seed}: {name} max_rel {:.2e} \
+                 (tolerance {tol:.0e})",
+                c.max_rel
+            );
+        }
+    }
+}
+
 /// `Form::Fused`: one sequence of 8,192 tokens and one head leaves the card idle in one cube, so
 /// with tensor cores the plan walks segments of 1,024 — output and all gradients against the f64
 /// reference through `Form::Fused` itself (`check_fused_segments` with `None`).
@@ -121,8 +163,11 @@ fn fused_walks_long_sequences_with_few_heads_in_planned_segments() {
     };
     let x = loglinear::ops::LogLinearInput::random(dims, 1, DType::BF16, &device);
     assert_eq!(
-        loglinear::ops::fused::walk_segment(&x),
-        Some(1024),
+        loglinear::ops::fused::walk(&x),
+        loglinear::ops::PlannedWalk {
+            forward: Some(1024),
+            backward: Some(1024)
+        },
         "{dims:?}: the plan should cut segments here"
     );
     let seed = test_seed(0x91a4);

@@ -21,8 +21,8 @@ pub enum Form {
     /// The fused CubeCL kernels (forward and backward) on CUDA and WGPU devices: the chunkwise
     /// algorithm in one pass over the sequence per (batch, head, value tile), with every chunk
     /// level's state kept by the kernel — or, on tensor cores with sequences too few and too
-    /// long to fill the device, one pass per aligned segment of [`crate::ops::planned_segment`]
-    /// ([`Form::Segmented`]). Elsewhere, and for what the kernels do not cover (an
+    /// long to fill the device, one pass per aligned segment of [`crate::ops::planned_walk`]
+    /// (each of the forward and the backward by its own rule; [`Form::Segmented`]). Elsewhere, and for what the kernels do not cover (an
     /// initial or returned state, f64, shared memory too small for the widths), it is
     /// `Chunked { chunk: 64 }`; on a CubeCL device such a fallback prints a one-time warning.
     Fused,

@@ -50,7 +50,7 @@ pub use dispatch::{
 pub use input::{Dims, LogLinearInput};
 pub use parallel::parallel;
 pub use recurrent::{recurrent, recurrent_step};
-pub use segmented::{planned_segment, segmented};
+pub use segmented::{PlannedWalk, planned_segment, planned_walk, segmented};
 pub use state::FenwickState;
 
 pub(crate) use recurrent::{carry, read_out, with_level0};

@@ -177,10 +177,41 @@ const PLAN_MIN_SEGMENT: usize = 1024;
 /// The rows per multiprocessor the plan aims at: at B = 1, T = 131,072, H = 48 on the H200's
 /// 132 multiprocessors that is segments of 8,192 (768 rows).
 const PLAN_ROWS_PER_MULTIPROCESSOR: usize = 4;
-/// Rows per multiprocessor from which one walk per sequence is kept: the tensor-core backward
-/// runs one cube per multiprocessor, so fewer than two rows per multiprocessor leave part of
-/// the card idle in the last wave (T = 32,768 × 4, H = 48: 192 rows, 1.45 waves).
+/// Rows per multiprocessor from which the backward keeps one walk per sequence: the
+/// tensor-core backward runs one cube per multiprocessor, so fewer than two rows per
+/// multiprocessor leave part of the card idle in the last wave (T = 32,768 × 4, H = 48: 192
+/// rows, 1.45 waves; one walk 110.2 ms forward+backward on an H100, segments 83.2, session 34).
 const PLAN_WHOLE_ROWS_PER_MULTIPROCESSOR: usize = 2;
+/// The same for the forward, whose kernel runs two cubes per multiprocessor: segments only
+/// below one row per multiprocessor (H100, session 34: T = 32,768 × 4, 1.45 rows per
+/// multiprocessor, one walk 12.1 ms against 22.4 in segments; B = 1, T = 131,072, 0.36 rows,
+/// one walk 29.6 ms against 22.8).
+const PLAN_WHOLE_ROWS_PER_MULTIPROCESSOR_FORWARD: usize = 1;
+
+/// How [`crate::ops::Form::Fused`] walks the sequences: the segment length of each pass, `None`
+/// for one walk over each whole sequence. The forward and the backward each walk as suits their
+/// kernels (the backward recomputes the states it needs, so it need not walk as the forward did).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlannedWalk {
+    /// The forward kernel's walk (the output; in training the forward pass).
+    pub forward: Option<usize>,
+    /// The backward kernels' walk.
+    pub backward: Option<usize>,
+}
+
+/// [`planned_segment`] for each pass: the forward with its own threshold
+/// ([`PLAN_WHOLE_ROWS_PER_MULTIPROCESSOR_FORWARD`]), the backward as [`planned_segment`].
+pub fn planned_walk(rows: usize, t: usize, multiprocessors: usize) -> PlannedWalk {
+    PlannedWalk {
+        forward: segment_below(
+            PLAN_WHOLE_ROWS_PER_MULTIPROCESSOR_FORWARD,
+            rows,
+            t,
+            multiprocessors,
+        ),
+        backward: planned_segment(rows, t, multiprocessors),
+    }
+}
 
 /// The segment length [`crate::ops::Form::Fused`] walks in on a device of `multiprocessors`
 /// multiprocessors, for `rows = B·H` sequences of `t` tokens, or `None` for one walk over each
@@ -195,7 +226,12 @@ const PLAN_WHOLE_ROWS_PER_MULTIPROCESSOR: usize = 2;
 /// multiprocessor up (T = 32,768 × 4 on an H100: 110 ms against 123–143, session 31) and won
 /// below it (B = 1, T = 131,072, H = 48 on the H200: 483 → 189 ms, session 17).
 pub fn planned_segment(rows: usize, t: usize, multiprocessors: usize) -> Option<usize> {
-    if rows >= PLAN_WHOLE_ROWS_PER_MULTIPROCESSOR * multiprocessors || t < PLAN_MIN_SEQUENCE {
+    segment_below(PLAN_WHOLE_ROWS_PER_MULTIPROCESSOR, rows, t, multiprocessors)
+}
+
+/// [`planned_segment`] with one walk kept from `whole` rows per multiprocessor.
+fn segment_below(whole: usize, rows: usize, t: usize, multiprocessors: usize) -> Option<usize> {
+    if rows >= whole * multiprocessors || t < PLAN_MIN_SEQUENCE {
         return None;
     }
     let want = PLAN_ROWS_PER_MULTIPROCESSOR * multiprocessors;
@@ -209,7 +245,7 @@ pub fn planned_segment(rows: usize, t: usize, multiprocessors: usize) -> Option<
 
 #[cfg(test)]
 mod tests {
-    use super::planned_segment;
+    use super::{PlannedWalk, planned_segment, planned_walk};
 
     /// The plan picks the measured winners and leaves the measured losers in one launch.
     #[test]
@@ -241,6 +277,46 @@ mod tests {
             assert!(
                 s.is_power_of_two() && s < t && s >= 1024,
                 "{rows} {t} {sms}: {s}"
+            );
+        }
+    }
+
+    /// The forward keeps one walk down to one row per multiprocessor, the backward to two.
+    #[test]
+    fn the_forward_walks_whole_sequences_down_to_one_row_per_multiprocessor() {
+        let h200 = 132;
+        let walk = |rows, t| planned_walk(rows, t, h200);
+        // T = 32,768 × 4, H = 48 (192 rows): one forward walk, a backward in segments of 8,192.
+        assert_eq!(
+            walk(192, 32_768),
+            PlannedWalk {
+                forward: None,
+                backward: Some(8192)
+            }
+        );
+        // B = 1, T = 131,072, H = 48: both in segments of 8,192.
+        assert_eq!(
+            walk(48, 131_072),
+            PlannedWalk {
+                forward: Some(8192),
+                backward: Some(8192)
+            }
+        );
+        // One row per multiprocessor exactly: the forward walks whole sequences.
+        assert_eq!(walk(h200, 65_536).forward, None);
+        assert_eq!(walk(h200 - 1, 65_536).forward, Some(8192));
+        // Where the forward segments, it cuts as the backward does.
+        for (rows, t) in [(1, 9000), (7, 200_000), (100, 8192), (32, 8192)] {
+            assert_eq!(walk(rows, t).forward, planned_segment(rows, t, h200));
+        }
+        // 768 rows (T = 8192 × 16, H = 48), short sequences: one walk in both passes.
+        for (rows, t) in [(768, 8192), (1, 4096)] {
+            assert_eq!(
+                walk(rows, t),
+                PlannedWalk {
+                    forward: None,
+                    backward: None
+                }
             );
         }
     }

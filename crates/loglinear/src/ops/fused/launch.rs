@@ -794,6 +794,8 @@ pub fn probe_vector_helpers(
         chunk,
         cols,
         len,
+        // The tensor-core kernels' stores where they run (CUDA); element stores elsewhere.
+        props_bf16_cmma(client.properties()),
     );
     let read = |h: cubecl::server::Handle| -> Vec<f32> {
         let bytes = client

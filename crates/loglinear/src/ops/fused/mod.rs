@@ -49,7 +49,7 @@ use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use burn_cubecl::CubeBackend;
 
 use crate::kernels::{Cb, cast, is_cube_device};
-use crate::ops::LogLinearInput;
+use crate::ops::{LogLinearInput, PlannedWalk};
 
 /// The fused op as backend operations. Implemented for CubeCL backends (the kernels) and for
 /// autodiff over them (the backward below); other backends never reach it ([`fused`] checks).
@@ -63,7 +63,8 @@ pub trait LogLinearKernels: Backend {
     /// `o: [B, T, H, P]` in the dtype of `q, k: [B, T, H, N]`, `v: [B, T, H, P]`, from those and
     /// `g: [B, T, H]`, `lambda: [B, T, H, L]` (same dtype as `q`, or f32 under mixed precision).
     /// `segment`: 0 walks each sequence in one cube, else aligned segments of that many tokens
-    /// (a power of two) walk in cubes of their own (see `launch::causal`).
+    /// (a power of two) walk in cubes of their own (see `launch::causal`); the backward, where
+    /// one is tracked, walks in `backward_segment`s.
     #[fusion(dtype = q, shape = v)]
     fn log_linear_fused(
         q: FloatTensor<Self>,
@@ -72,6 +73,7 @@ pub trait LogLinearKernels: Backend {
         g: FloatTensor<Self>,
         lambda: FloatTensor<Self>,
         segment: usize,
+        backward_segment: usize,
     ) -> FloatTensor<Self>;
 
     /// Mamba-2 (SSD), `o[t] = Σ_{s≤t} e^{Γt−Γs} (q_t·k_s) v_s` in the dtype of `q`, by the
@@ -86,7 +88,8 @@ pub trait LogLinearKernels: Backend {
     ) -> FloatTensor<Self>;
 
     /// `(dq, dk, dv, dg, dλ)` in the dtypes of the inputs, from the inputs and the output
-    /// gradient `grad: [B, T, H, P]` (dtype of `q`), walking as the forward did for `segment`.
+    /// gradient `grad: [B, T, H, P]` (dtype of `q`), walking aligned segments of `segment` tokens
+    /// (0: each sequence in one cube).
     #[allow(clippy::type_complexity)]
     #[fusion(meta = |q, k, v, g, lambda, _grad, _segment| (q.clone(), k.clone(), v.clone(), g.clone(), lambda.clone()))]
     fn log_linear_fused_backward(
@@ -114,6 +117,7 @@ impl LogLinearKernels for CubeBackend {
         g: FloatTensor<Self>,
         lambda: FloatTensor<Self>,
         segment: usize,
+        _backward_segment: usize,
     ) -> FloatTensor<Self> {
         launch::causal(q, k, v, g, lambda, segment)
     }
@@ -232,8 +236,10 @@ impl<B: Backend + LogLinearKernels, C: CheckpointStrategy> LogLinearKernels for 
         g: FloatTensor<Self>,
         lambda: FloatTensor<Self>,
         segment: usize,
+        backward_segment: usize,
     ) -> FloatTensor<Self> {
-        /// The backward walks the sequences as the forward did.
+        /// The backward's walk (its kernels recompute the states they need: it may differ from
+        /// the forward's).
         #[derive(Debug)]
         struct FusedBackward {
             segment: usize,
@@ -275,8 +281,11 @@ impl<B: Backend + LogLinearKernels, C: CheckpointStrategy> LogLinearKernels for 
             inputs[3].clone(),
             inputs[4].clone(),
             segment,
+            backward_segment,
         );
-        let backward = FusedBackward { segment };
+        let backward = FusedBackward {
+            segment: backward_segment,
+        };
         match backward.prepare::<C>(nodes).compute_bound().stateful() {
             OpsKind::Tracked(prep) => prep.finish(inputs, o),
             OpsKind::UnTracked(prep) => prep.finish(o),
@@ -352,29 +361,43 @@ pub(crate) fn cube_bf16_cmma(device: &burn_cubecl::CubeDevice) -> bool {
 
 /// The fused op on a CubeCL device, or why it cannot run there (the caller falls back to the
 /// chunked form): each sequence walked in one cube, or — where few long sequences would leave
-/// the card idle — in the aligned segments of [`walk_segment`], each a cube of its own.
+/// the card idle — in the aligned segments of [`walk`], each a cube of its own.
 pub fn fused(x: &LogLinearInput) -> Result<Tensor<4>, String> {
-    fused_over(x, walk_segment(x))
+    fused_walking(x, walk(x))
 }
 
-/// The segment length [`fused`] walks `x` in: [`crate::ops::planned_segment`] for its
-/// batch·heads, length and device, on tensor cores only (where the plan was measured); `None`
-/// for one cube per sequence.
-pub fn walk_segment(x: &LogLinearInput) -> Option<usize> {
+/// How [`fused`] walks `x`: [`crate::ops::planned_walk`] for its batch·heads, length and device,
+/// on tensor cores only (where the plan was measured); else one cube per sequence in both
+/// passes.
+pub fn walk(x: &LogLinearInput) -> PlannedWalk {
     let d = x.dims();
-    crate::ops::on_tensor_cores(x.dtype(), d.n, bf16_cmma(&x.device()))
-        .then(|| crate::ops::planned_segment(d.b * d.h, d.t, multiprocessors(&x.q)))
-        .flatten()
+    if crate::ops::on_tensor_cores(x.dtype(), d.n, bf16_cmma(&x.device())) {
+        crate::ops::planned_walk(d.b * d.h, d.t, multiprocessors(&x.q))
+    } else {
+        PlannedWalk {
+            forward: None,
+            backward: None,
+        }
+    }
 }
 
-/// [`fused`] over aligned segments of `segment` tokens (a power of two; `segment ≥ T`: one
-/// cube per sequence), each walked by a cube of its own: [`crate::ops::Form::Segmented`].
+/// [`fused`] over aligned segments of `segment` tokens in both passes (a power of two;
+/// `segment ≥ T`: one cube per sequence), each walked by a cube of its own:
+/// [`crate::ops::Form::Segmented`].
 pub fn fused_in_segments(x: &LogLinearInput, segment: usize) -> Result<Tensor<4>, String> {
-    fused_over(x, Some(segment))
+    fused_walking(
+        x,
+        PlannedWalk {
+            forward: Some(segment),
+            backward: Some(segment),
+        },
+    )
 }
 
-/// The checks every launch needs, then the kernels over whole sequences or over `segment`s.
-fn fused_over(x: &LogLinearInput, segment: Option<usize>) -> Result<Tensor<4>, String> {
+/// The fused op walking as `walk` says in each pass (`None`: one cube per sequence), after the
+/// checks every launch needs. [`fused`] plans the walk, [`fused_in_segments`] cuts both passes
+/// alike; this takes any pair (the tests check mixed walks).
+pub fn fused_walking(x: &LogLinearInput, walk: PlannedWalk) -> Result<Tensor<4>, String> {
     let d = x.dims();
     if !is_cube_device(&x.device()) {
         return Err("the device has no CubeCL kernels".into());
@@ -406,11 +429,12 @@ fn fused_over(x: &LogLinearInput, segment: Option<usize>) -> Result<Tensor<4>, S
     }
     let max_shared = max_shared_memory(&x.q);
     launch::supported(d.n, d.p, d.l, d.t, max_shared)?;
-    let segment = match segment {
-        Some(s) if s.is_power_of_two() => s,
-        Some(s) => return Err(format!("segment length {s} is not a power of two")),
-        None => 0,
+    let tokens = |segment: Option<usize>| match segment {
+        Some(s) if s.is_power_of_two() => Ok(s),
+        Some(s) => Err(format!("segment length {s} is not a power of two")),
+        None => Ok(0),
     };
+    let (segment, backward_segment) = (tokens(walk.forward)?, tokens(walk.backward)?);
     crate::fenwick::check_levels("log_linear_attn(fused)", d.l, d.t);
     let o = <burn::backend::Dispatch as LogLinearKernels>::log_linear_fused(
         x.q.clone().into_dispatch(),
@@ -419,6 +443,7 @@ fn fused_over(x: &LogLinearInput, segment: Option<usize>) -> Result<Tensor<4>, S
         x.g.clone().into_dispatch(),
         x.lambda.clone().into_dispatch(),
         segment,
+        backward_segment,
     );
     Ok(Tensor::from_dispatch(o))
 }

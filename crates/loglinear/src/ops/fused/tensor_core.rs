@@ -129,13 +129,13 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
         let jg = seg * seg_chunks + j;
         // (1) Load q, k (row-major) and the value tile in the input dtype; zero past the end.
         load_rows::<E, N>(
-            q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads,
+            q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads, true,
         );
         load_rows::<E, N>(
-            k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads,
+            k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads, true,
         );
         load_rows::<E, N>(
-            v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv, threads,
+            v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv, threads, true,
         );
         load_decays::<G>(
             g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
@@ -217,6 +217,7 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
                     ldv,
                     false,
                     threads,
+                    true,
                 );
                 sync_cube();
                 tile_matmul::<E>(
@@ -541,12 +542,12 @@ pub fn tile_matmul<E: Float>(
 }
 
 /// Edge of the mma's N dimension: a 16×16 output tile is two m16n8k16 products.
-const HALF: usize = 8;
+pub const HALF: usize = 8;
 
 /// The A operand of one m16n8k16 step (16×16, four 8×8 matrices) by `ldmatrix.x4`; `at` is this
 /// unit's row address (see [`tile_matmul`]), `trans` whether the buffer runs along the rows.
 #[cube]
-fn load_a<E: Float, NA: Size>(
+pub fn load_a<E: Float, NA: Size>(
     def: &MmaDefinition<E, E, f32>,
     buf: &Shared<[E]>,
     at: usize,
@@ -557,7 +558,7 @@ fn load_a<E: Float, NA: Size>(
 
 /// The B operand of one m16n8k16 step (16×8, two 8×8 matrices) by `ldmatrix.x2`.
 #[cube]
-fn load_b<E: Float, NB: Size>(
+pub fn load_b<E: Float, NB: Size>(
     def: &MmaDefinition<E, E, f32>,
     buf: &Shared<[E]>,
     at: usize,
@@ -656,7 +657,9 @@ pub type StateVec = Const<4>;
 /// every load of a unit issued before its first store — one element per loop trip, each waited
 /// for, left the kernels waiting on global memory for about half their cycles (Nsight Compute on
 /// the H200, bench/RESULTS.md). `cols`, `width` and `c0` are multiples of `N`. The caller's next
-/// barrier publishes the buffer.
+/// barrier publishes the buffer. With `vector_stores` each loaded vector is stored whole (one
+/// 16-byte store instead of eight 16-bit ones); WGSL cannot view a shared array as vectors, so
+/// the WGPU probe of this helper stores element by element.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 pub fn load_rows<E: Float, N: Size>(
@@ -674,6 +677,7 @@ pub fn load_rows<E: Float, N: Size>(
     #[comptime] cols: usize,
     #[comptime] ld: usize,
     #[comptime] threads: usize,
+    #[comptime] vector_stores: bool,
 ) {
     let n = x.vector_size();
     let per_row = comptime!(cols / n);
@@ -691,15 +695,30 @@ pub fn load_rows<E: Float, N: Size>(
         }
         held[r] = val;
     }
-    #[unroll]
-    for r in 0..trips {
-        let idx = u + r * threads;
-        if idx < total {
-            let val = held[r];
-            let first = (idx / per_row) * ld + (idx % per_row) * n;
-            #[unroll]
-            for e in 0..n {
-                buf[first + e] = val.extract(e);
+    if vector_stores {
+        // Rows are `ld` long, a multiple of the vector size: every vector lands aligned.
+        let dst = buf
+            .as_mut_slice()
+            .as_vectorized_mut()
+            .with_vector_size_mut::<N>();
+        #[unroll]
+        for r in 0..trips {
+            let idx = u + r * threads;
+            if idx < total {
+                dst[((idx / per_row) * ld + (idx % per_row) * n) / n] = held[r];
+            }
+        }
+    } else {
+        #[unroll]
+        for r in 0..trips {
+            let idx = u + r * threads;
+            if idx < total {
+                let val = held[r];
+                let first = (idx / per_row) * ld + (idx % per_row) * n;
+                #[unroll]
+                for e in 0..n {
+                    buf[first + e] = val.extract(e);
+                }
             }
         }
     }
@@ -767,6 +786,7 @@ pub fn read_level<E: Float>(
     #[comptime] ld: usize,
     #[comptime] split: bool,
     #[comptime] threads: usize,
+    #[comptime] vector_stores: bool,
 ) {
     let per_row = comptime!(cols / 4);
     let total = comptime!(rows * cols / 4);
@@ -785,16 +805,56 @@ pub fn read_level<E: Float>(
     for r in 0..trips {
         let idx = u + r * threads;
         if idx < total {
-            let x = held[r];
-            let first = (idx / per_row) * ld + (idx % per_row) * 4;
-            #[unroll]
-            for e in 0..4 {
-                let xe = x.extract(e);
-                let h = E::cast_from(xe);
-                hi[first + e] = h;
-                if split {
-                    lo[first + e] = E::cast_from(xe - f32::cast_from(h));
-                }
+            store_split::<E>(
+                hi,
+                lo,
+                held[r],
+                (idx / per_row) * ld + (idx % per_row) * 4,
+                split,
+                vector_stores,
+            );
+        }
+    }
+}
+
+/// `hi[at..at + 4] = E(x)` and, with `split`, `lo[at..at + 4] = E(x − hi)`. With
+/// `vector_stores` as vector conversions and stores (paired `bf16x2` conversions and one 8-byte
+/// store each, where element by element they are four conversions, packing moves and 16-bit
+/// stores: the hottest instructions of the causal backward, bench/RESULTS.md session 31); WGSL
+/// cannot view a shared array as vectors, so the WGPU probe stores element by element. `at` is a
+/// multiple of 4.
+#[cube]
+fn store_split<E: Float>(
+    hi: &mut Shared<[E]>,
+    lo: &mut Shared<[E]>,
+    x: Vector<f32, StateVec>,
+    at: usize,
+    #[comptime] split: bool,
+    #[comptime] vector_stores: bool,
+) {
+    if vector_stores {
+        let h = Vector::<E, StateVec>::cast_from(x);
+        let hi_v = hi
+            .as_mut_slice()
+            .as_vectorized_mut()
+            .with_vector_size_mut::<StateVec>();
+        hi_v[at / 4] = h;
+        if split {
+            let lo_v = lo
+                .as_mut_slice()
+                .as_vectorized_mut()
+                .with_vector_size_mut::<StateVec>();
+            lo_v[at / 4] =
+                Vector::<E, StateVec>::cast_from(x - Vector::<f32, StateVec>::cast_from(h));
+        }
+    } else {
+        #[unroll]
+        for e in 0..4 {
+            let xe = x.extract(e);
+            let h = E::cast_from(xe);
+            hi[at + e] = h;
+            if split {
+                lo[at + e] = E::cast_from(xe - f32::cast_from(h));
             }
         }
     }
@@ -835,6 +895,7 @@ pub fn read_level_carry<E: Float>(
     #[comptime] ld: usize,
     #[comptime] split: bool,
     #[comptime] threads: usize,
+    #[comptime] vector_stores: bool,
 ) {
     let per_row = comptime!(cols / 4);
     let total = comptime!(rows * cols / 4);
@@ -854,16 +915,14 @@ pub fn read_level_carry<E: Float>(
         let idx = u + r * threads;
         if idx < total {
             let x = held[r];
-            let first = (idx / per_row) * ld + (idx % per_row) * 4;
-            #[unroll]
-            for e in 0..4 {
-                let xe = x.extract(e);
-                let h = E::cast_from(xe);
-                hi[first + e] = h;
-                if split {
-                    lo[first + e] = E::cast_from(xe - f32::cast_from(h));
-                }
-            }
+            store_split::<E>(
+                hi,
+                lo,
+                x,
+                (idx / per_row) * ld + (idx % per_row) * 4,
+                split,
+                vector_stores,
+            );
             if add {
                 let mut c = carry[r];
                 #[unroll]
@@ -872,6 +931,74 @@ pub fn read_level_carry<E: Float>(
                 }
                 carry[r] = c;
             }
+        }
+    }
+}
+
+/// `acc += f ·` one level state (`rows × cols` floats at vector `base` of `states`), four
+/// floats per access, vectors mapped to units as in [`read_level_carry`] (trip `r` of unit `u`
+/// is vector `u + r·threads`), every load issued before the first add.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+pub fn add_level(
+    states: &mut Tensor<Vector<f32, StateVec>>,
+    acc: &mut Array<Vector<f32, StateVec>>,
+    f: f32,
+    base: usize,
+    u: usize,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] threads: usize,
+) {
+    let total = comptime!(rows * cols / 4);
+    let trips = comptime!(carry_len(rows, cols, threads));
+    let mut held = Array::<Vector<f32, StateVec>>::new(trips);
+    #[unroll]
+    for r in 0..trips {
+        let idx = u + r * threads;
+        let mut x = Vector::<f32, StateVec>::zeroed();
+        if idx < total {
+            x = states[base + idx];
+        }
+        held[r] = x;
+    }
+    #[unroll]
+    for r in 0..trips {
+        let sum = acc[r] + held[r] * Vector::<f32, StateVec>::new(f);
+        acc[r] = sum;
+    }
+}
+
+/// A state summed in registers by [`add_level`] into shared memory in the input dtype (rows `ld`
+/// apart): `hi = E(x)` and, with `split`, `lo = E(x − hi)`, as [`read_level`] stores a level.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+pub fn store_level<E: Float>(
+    acc: &Array<Vector<f32, StateVec>>,
+    hi: &mut Shared<[E]>,
+    lo: &mut Shared<[E]>,
+    u: usize,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] ld: usize,
+    #[comptime] split: bool,
+    #[comptime] threads: usize,
+    #[comptime] vector_stores: bool,
+) {
+    let per_row = comptime!(cols / 4);
+    let total = comptime!(rows * cols / 4);
+    #[unroll]
+    for r in 0..comptime!(carry_len(rows, cols, threads)) {
+        let idx = u + r * threads;
+        if idx < total {
+            store_split::<E>(
+                hi,
+                lo,
+                acc[r],
+                (idx / per_row) * ld + (idx % per_row) * 4,
+                split,
+                vector_stores,
+            );
         }
     }
 }
@@ -918,7 +1045,8 @@ pub fn write_carry(
 /// `rows = chunk × cols` of `x: [1, seq, 1, width]` from (`t0`, `c0`), loaded with padded rows;
 /// the level at `states[len..2·len]` (`len / cols` rows) merged with the first `len` loaded
 /// values (factor `f`, `fresh` ≠ 0 starts it afresh); `level` = that level read back as
-/// `hi + lo`.
+/// `hi + lo`. `vector_stores` as in the tensor-core kernels where the device runs them (CUDA),
+/// element stores elsewhere (WGSL cannot view a shared array as vectors).
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
@@ -937,6 +1065,7 @@ pub fn vector_helpers_probe_kernel<N: Size>(
     #[comptime] chunk: usize,
     #[comptime] cols: usize,
     #[comptime] len: usize,
+    #[comptime] vector_stores: bool,
 ) {
     let u = UNIT_POS_X as usize;
     // Rows padded as in the kernels: the helpers must honour the row stride.
@@ -944,7 +1073,21 @@ pub fn vector_helpers_probe_kernel<N: Size>(
     let rows_level = comptime!(len / cols);
     let mut buf = Shared::<[f32]>::new_aligned_slice(comptime!(chunk * ld), ALIGN);
     load_rows::<f32, N>(
-        x, &mut buf, u, t0, c0, 0, 0, seq, 1, width, chunk, cols, ld, THREADS,
+        x,
+        &mut buf,
+        u,
+        t0,
+        c0,
+        0,
+        0,
+        seq,
+        1,
+        width,
+        chunk,
+        cols,
+        ld,
+        THREADS,
+        vector_stores,
     );
     sync_cube();
     let mut idx = u;
@@ -978,6 +1121,7 @@ pub fn vector_helpers_probe_kernel<N: Size>(
         ld,
         true,
         THREADS,
+        vector_stores,
     );
     sync_cube();
     idx = u;
@@ -1009,14 +1153,39 @@ pub fn vector_helpers_probe_kernel<N: Size>(
         ld,
         true,
         THREADS,
+        vector_stores,
     );
     read_level_carry::<f32>(
-        states, &mut hi, &mut lo, &mut carry, 0.5f32, true, 0usize, u, rows_level, cols, ld, false,
+        states,
+        &mut hi,
+        &mut lo,
+        &mut carry,
+        0.5f32,
+        true,
+        0usize,
+        u,
+        rows_level,
+        cols,
+        ld,
+        false,
         THREADS,
+        vector_stores,
     );
     read_level_carry::<f32>(
-        states, &mut hi, &mut lo, &mut carry, 7.0f32, false, 0usize, u, rows_level, cols, ld,
-        false, THREADS,
+        states,
+        &mut hi,
+        &mut lo,
+        &mut carry,
+        7.0f32,
+        false,
+        0usize,
+        u,
+        rows_level,
+        cols,
+        ld,
+        false,
+        THREADS,
+        vector_stores,
     );
     sync_storage();
     write_carry(

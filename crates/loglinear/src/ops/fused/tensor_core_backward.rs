@@ -32,8 +32,8 @@ use super::cube::{
     own_levels, row, segment_chunks, trailing_ones,
 };
 use super::tensor_core::{
-    ALIGN, EXACT, FULL, LOWER, SPLIT_A, SPLIT_B, StateVec, UPPER, carry_len, load_rows,
-    merge_level, read_level, read_level_carry, row_len_f32, row_len_input, tile_matmul,
+    ALIGN, EXACT, FULL, LOWER, SPLIT_A, SPLIT_B, StateVec, UPPER, add_level, carry_len, load_rows,
+    merge_level, read_level_carry, row_len_f32, row_len_input, store_level, tile_matmul,
     write_carry,
 };
 
@@ -190,16 +190,16 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
         // The chunk's index in the whole sequence: its bits say which levels it reads.
         let jg = seg * seg_chunks + j;
         load_rows::<E, N>(
-            q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads,
+            q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads, true,
         );
         load_rows::<E, N>(
-            k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads,
+            k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads, true,
         );
         load_rows::<E, N>(
-            v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv, threads,
+            v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv, threads, true,
         );
         load_rows::<E, N>(
-            d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv, threads,
+            d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv, threads, true,
         );
         load_decays::<G>(
             g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
@@ -353,6 +353,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
                     ldv,
                     true,
                     threads,
+                    true,
                 );
                 sync_cube();
                 // Hᵀ: the key-major state read column-major.
@@ -559,16 +560,16 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
         // The chunk's index in the whole sequence: its bits say which levels it reads.
         let jg = seg * seg_chunks + j;
         load_rows::<E, N>(
-            q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads,
+            q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads, true,
         );
         load_rows::<E, N>(
-            k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads,
+            k, &mut kb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads, true,
         );
         load_rows::<E, N>(
-            v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv, threads,
+            v, &mut vb, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv, threads, true,
         );
         load_rows::<E, N>(
-            d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv, threads,
+            d_o, &mut ob, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv, threads, true,
         );
         load_decays::<G>(
             g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
@@ -674,54 +675,76 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
         // staging buffer is next written by a product behind a later barrier, and a level read
         // (`gb`) or an update's operand (`sa`) only after the barrier that followed the last
         // product that read it.
-        // Later chunks (bit i−1 of j clear): dv += kd f K G, dk += kd f V Gᵀ.
+        // Later chunks (bit i−1 of j clear): dv += kd K G, dk += kd V Gᵀ with
+        // G = Σ_levels f G_level. The level states carry their λ already, so the rows' weight
+        // kd is the same at every level and the levels are summed first, in f32 registers (one
+        // operand, one pair of products and two barriers a chunk, where every level read
+        // took its own pair of products and two barriers: about half of all levels each chunk).
+        let mut gsum = Array::<Vector<f32, StateVec>>::new(comptime!(carry_len(nk, pt, threads)));
+        #[unroll]
+        for r in 0..comptime!(carry_len(nk, pt, threads)) {
+            gsum[r] = Vector::<f32, StateVec>::zeroed();
+        }
+        let mut later = false;
         for lvi in 0..nlev {
             let token_level = log_c + lvi + 1;
             if (jg >> lvi) & 1 == 0 && token_level < levels {
-                let base = state_base + lvi * comptime!(level_size / 4);
-                read_level::<E>(
-                    states, &mut gb, &mut gb_lo, base, u, nk, pt, ldv, true, threads,
-                );
-                sync_cube();
-                let f = scale[lvi];
-                tile_matmul::<E>(
-                    &kb, &kb, &gb, &gb_lo, &mut stage, plane, planes, chunk, nk, pt, false, ldk,
-                    false, ldv, FULL, FULL, SPLIT_B, lsv,
-                );
-                // Gᵀ: the key-major state read column-major.
-                tile_matmul::<E>(
-                    &vb,
-                    &vb,
-                    &gb,
-                    &gb_lo,
-                    &mut stage2,
-                    plane,
-                    planes,
-                    chunk,
-                    pt,
+                add_level(
+                    states,
+                    &mut gsum,
+                    scale[lvi],
+                    state_base + lvi * comptime!(level_size / 4),
+                    u,
                     nk,
-                    false,
-                    ldv,
-                    true,
-                    ldv,
-                    FULL,
-                    FULL,
-                    w_split_b,
-                    lsk,
+                    pt,
+                    threads,
                 );
-                sync_cube();
-                #[unroll]
-                for r in 0..rows_v {
-                    let e = u + r * threads;
-                    let i = e / pt;
-                    acc_v[r] += stage[i * lsv + e % pt] * f * kd[i];
-                }
-                #[unroll]
-                for r in 0..rows_k {
-                    let e = u + r * threads;
-                    let i = e / nk;
-                    acc_k[r] += stage2[i * lsk + e % nk] * f * kd[i];
-                }
+                later = true;
+            }
+        }
+        // `later` is the same in every unit (it depends on the chunk only).
+        if later {
+            store_level::<E>(
+                &gsum, &mut gb, &mut gb_lo, u, nk, pt, ldv, true, threads, true,
+            );
+            sync_cube();
+            tile_matmul::<E>(
+                &kb, &kb, &gb, &gb_lo, &mut stage, plane, planes, chunk, nk, pt, false, ldk, false,
+                ldv, FULL, FULL, SPLIT_B, lsv,
+            );
+            // Gᵀ: the key-major state read column-major.
+            tile_matmul::<E>(
+                &vb,
+                &vb,
+                &gb,
+                &gb_lo,
+                &mut stage2,
+                plane,
+                planes,
+                chunk,
+                pt,
+                nk,
+                false,
+                ldv,
+                true,
+                ldv,
+                FULL,
+                FULL,
+                w_split_b,
+                lsk,
+            );
+            sync_cube();
+            #[unroll]
+            for r in 0..rows_v {
+                let e = u + r * threads;
+                let i = e / pt;
+                acc_v[r] += stage[i * lsv + e % pt] * kd[i];
+            }
+            #[unroll]
+            for r in 0..rows_k {
+                let e = u + r * threads;
+                let i = e / nk;
+                acc_k[r] += stage2[i * lsk + e % nk] * kd[i];
             }
         }
         // Every unit's reads of `stage` and `stage2` above end here.
