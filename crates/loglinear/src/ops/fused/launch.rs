@@ -731,8 +731,23 @@ fn vector_size(inputs: &[&CubeTensor]) -> usize {
         .unwrap_or(1)
 }
 
+/// What [`probe_vector_helpers`] read back (see
+/// [`vector_helpers_probe_kernel`](super::tensor_core::vector_helpers_probe_kernel)).
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub struct ProbedHelpers {
+    /// The loaded rows, `chunk × cols`.
+    pub rows: Vec<f32>,
+    /// The merged level read back as `hi + lo`, `len`.
+    pub level: Vec<f32>,
+    /// The first level rewritten from the carry, `len`.
+    pub carried: Vec<f32>,
+    /// Two levels summed in registers and stored split, read back as `hi + lo`, `len`.
+    pub summed: Vec<f32>,
+}
+
 /// Runs [`vector_helpers_probe_kernel`](super::tensor_core::vector_helpers_probe_kernel) on
-/// `device` and returns `(rows, level, carried)`; `x` is `[1, seq, 1, width]`, `states` `2·len` floats.
+/// `device`; `x` is `[1, seq, 1, width]`, `states` `2·len` floats.
 /// (`chunk`, `cols`, `len`) ∈ {(16, 16, 256), (64, 32, 2048)}: the kernel's shapes are compiled in.
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
@@ -746,7 +761,7 @@ pub fn probe_vector_helpers(
     f: f32,
     fresh: bool,
     (chunk, cols, len): (usize, usize, usize),
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+) -> ProbedHelpers {
     use super::tensor_core::vector_helpers_probe_kernel;
     assert_eq!(
         x.len(),
@@ -775,6 +790,7 @@ pub fn probe_vector_helpers(
     let rows_h = upload(&vec![f32::NAN; chunk * cols]);
     let level_h = upload(&vec![f32::NAN; len]);
     let carried_h = upload(&vec![f32::NAN; len]);
+    let summed_h = upload(&vec![f32::NAN; len]);
     vector_helpers_probe_kernel::launch(
         &client,
         CubeCount::Static(1, 1, 1),
@@ -785,6 +801,7 @@ pub fn probe_vector_helpers(
         arg(&rows_h, vec![chunk * cols]),
         arg(&level_h, vec![len]),
         arg(&carried_h, vec![len]),
+        arg(&summed_h, vec![len]),
         seq,
         width,
         t0,
@@ -806,5 +823,10 @@ pub fn probe_vector_helpers(
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect()
     };
-    (read(rows_h), read(level_h), read(carried_h))
+    ProbedHelpers {
+        rows: read(rows_h),
+        level: read(level_h),
+        carried: read(carried_h),
+        summed: read(summed_h),
+    }
 }

@@ -32,6 +32,8 @@ pub(crate) mod tensor_core;
 mod tensor_core_backward;
 
 #[doc(hidden)]
+pub use launch::ProbedHelpers;
+#[doc(hidden)]
 pub use tensor_core::tc_shared_bytes;
 #[doc(hidden)]
 pub use tensor_core_backward::tc_backward_shared_bytes;
@@ -511,7 +513,7 @@ pub fn probe_vector_helpers(
     f: f32,
     fresh: bool,
     shape: (usize, usize, usize),
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+) -> ProbedHelpers {
     match device.clone().inner().as_dispatch() {
         DispatchDevice::Cube(cube) => {
             launch::probe_vector_helpers(cube, x, seq, width, start, states, f, fresh, shape)

@@ -743,19 +743,9 @@ pub fn merge_level(
 ) {
     let per_row = comptime!(cols / 4);
     let total = comptime!(rows * cols / 4);
-    let trips = comptime!(total.div_ceil(threads));
-    let mut held = Array::<Vector<f32, StateVec>>::new(trips);
+    let held = load_level(states, base, u, fresh, rows, cols, threads);
     #[unroll]
-    for r in 0..trips {
-        let idx = u + r * threads;
-        let mut old = Vector::<f32, StateVec>::zeroed();
-        if idx < total && !fresh {
-            old = states[base + idx];
-        }
-        held[r] = old;
-    }
-    #[unroll]
-    for r in 0..trips {
+    for r in 0..comptime!(carry_len(rows, cols, threads)) {
         let idx = u + r * threads;
         if idx < total {
             let old = held[r];
@@ -772,7 +762,8 @@ pub fn merge_level(
 
 /// A level state (`rows × cols` floats at vector `base` of `states`) into shared memory in the
 /// input dtype, rows `ld` apart: `hi = E(x)` and, with `split`, `lo = E(x − hi)` (≈ 16 mantissa
-/// bits together). Four floats per access, every load of a unit issued before its first store.
+/// bits together). Four floats per access, every load of a unit issued before its first store
+/// ([`load_level`]); returns the unit's vectors as read.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 pub fn read_level<E: Float>(
@@ -787,34 +778,50 @@ pub fn read_level<E: Float>(
     #[comptime] split: bool,
     #[comptime] threads: usize,
     #[comptime] vector_stores: bool,
-) {
-    let per_row = comptime!(cols / 4);
+) -> Array<Vector<f32, StateVec>> {
+    let held = load_level(states, base, u, false, rows, cols, threads);
+    store_level::<E>(
+        &held,
+        hi,
+        lo,
+        u,
+        rows,
+        cols,
+        ld,
+        split,
+        threads,
+        vector_stores,
+    );
+    held
+}
+
+/// This unit's vectors of one level state (`rows × cols` floats at vector `base` of `states`,
+/// four per vector; trip `r` of unit `u` is vector `u + r·threads`), every load issued before
+/// any is used; zero past the state's end, or everywhere with `skip`.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn load_level(
+    states: &mut Tensor<Vector<f32, StateVec>>,
+    base: usize,
+    u: usize,
+    skip: bool,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] threads: usize,
+) -> Array<Vector<f32, StateVec>> {
     let total = comptime!(rows * cols / 4);
-    let trips = comptime!(total.div_ceil(threads));
+    let trips = comptime!(carry_len(rows, cols, threads));
     let mut held = Array::<Vector<f32, StateVec>>::new(trips);
     #[unroll]
     for r in 0..trips {
         let idx = u + r * threads;
         let mut x = Vector::<f32, StateVec>::zeroed();
-        if idx < total {
+        if idx < total && !skip {
             x = states[base + idx];
         }
         held[r] = x;
     }
-    #[unroll]
-    for r in 0..trips {
-        let idx = u + r * threads;
-        if idx < total {
-            store_split::<E>(
-                hi,
-                lo,
-                held[r],
-                (idx / per_row) * ld + (idx % per_row) * 4,
-                split,
-                vector_stores,
-            );
-        }
-    }
+    held
 }
 
 /// `hi[at..at + 4] = E(x)` and, with `split`, `lo[at..at + 4] = E(x − hi)`. With
@@ -897,41 +904,36 @@ pub fn read_level_carry<E: Float>(
     #[comptime] threads: usize,
     #[comptime] vector_stores: bool,
 ) {
-    let per_row = comptime!(cols / 4);
-    let total = comptime!(rows * cols / 4);
-    let trips = comptime!(total.div_ceil(threads));
-    let mut held = Array::<Vector<f32, StateVec>>::new(trips);
-    #[unroll]
-    for r in 0..trips {
-        let idx = u + r * threads;
-        let mut x = Vector::<f32, StateVec>::zeroed();
-        if idx < total {
-            x = states[base + idx];
-        }
-        held[r] = x;
+    let held = read_level::<E>(
+        states,
+        hi,
+        lo,
+        base,
+        u,
+        rows,
+        cols,
+        ld,
+        split,
+        threads,
+        vector_stores,
+    );
+    if add {
+        add_scaled(carry, &held, f, comptime!(carry_len(rows, cols, threads)));
     }
+}
+
+/// `acc += f · held`, vector by vector (`trips` of them).
+#[cube]
+fn add_scaled(
+    acc: &mut Array<Vector<f32, StateVec>>,
+    held: &Array<Vector<f32, StateVec>>,
+    f: f32,
+    #[comptime] trips: usize,
+) {
     #[unroll]
     for r in 0..trips {
-        let idx = u + r * threads;
-        if idx < total {
-            let x = held[r];
-            store_split::<E>(
-                hi,
-                lo,
-                x,
-                (idx / per_row) * ld + (idx % per_row) * 4,
-                split,
-                vector_stores,
-            );
-            if add {
-                let mut c = carry[r];
-                #[unroll]
-                for e in 0..4usize {
-                    c.insert(e, c.extract(e) + f * x.extract(e));
-                }
-                carry[r] = c;
-            }
-        }
+        let sum = acc[r] + held[r] * Vector::<f32, StateVec>::new(f);
+        acc[r] = sum;
     }
 }
 
@@ -950,23 +952,8 @@ pub fn add_level(
     #[comptime] cols: usize,
     #[comptime] threads: usize,
 ) {
-    let total = comptime!(rows * cols / 4);
-    let trips = comptime!(carry_len(rows, cols, threads));
-    let mut held = Array::<Vector<f32, StateVec>>::new(trips);
-    #[unroll]
-    for r in 0..trips {
-        let idx = u + r * threads;
-        let mut x = Vector::<f32, StateVec>::zeroed();
-        if idx < total {
-            x = states[base + idx];
-        }
-        held[r] = x;
-    }
-    #[unroll]
-    for r in 0..trips {
-        let sum = acc[r] + held[r] * Vector::<f32, StateVec>::new(f);
-        acc[r] = sum;
-    }
+    let held = load_level(states, base, u, false, rows, cols, threads);
+    add_scaled(acc, &held, f, comptime!(carry_len(rows, cols, threads)));
 }
 
 /// A state summed in registers by [`add_level`] into shared memory in the input dtype (rows `ld`
@@ -1040,11 +1027,14 @@ pub fn write_carry(
 }
 
 /// Test probe of the vector-access helpers ([`load_rows`] with vectors, [`merge_level`],
-/// [`read_level`]) in one cube: the tensor-core kernels that use them need `mma.sync`, which
+/// [`read_level`], [`read_level_carry`] and [`write_carry`], [`add_level`] and [`store_level`])
+/// in one cube: the tensor-core kernels that use them need `mma.sync`, which
 /// software Vulkan lacks, so the probe lets CPU-only CI run the same helper code on f32.
 /// `rows = chunk × cols` of `x: [1, seq, 1, width]` from (`t0`, `c0`), loaded with padded rows;
 /// the level at `states[len..2·len]` (`len / cols` rows) merged with the first `len` loaded
 /// values (factor `f`, `fresh` ≠ 0 starts it afresh); `level` = that level read back as
+/// `hi + lo`; `carried` the first level rewritten from a carry; `summed` = `2 ·` the merged level
+/// `− 0.25 ·` the first level as given, summed by `add_level` and read back from `store_level` as
 /// `hi + lo`. `vector_stores` as in the tensor-core kernels where the device runs them (CUDA),
 /// element stores elsewhere (WGSL cannot view a shared array as vectors).
 #[doc(hidden)]
@@ -1056,6 +1046,7 @@ pub fn vector_helpers_probe_kernel<N: Size>(
     rows: &mut Tensor<f32>,
     level: &mut Tensor<f32>,
     carried: &mut Tensor<f32>,
+    summed: &mut Tensor<f32>,
     seq: usize,
     width: usize,
     t0: usize,
@@ -1124,12 +1115,7 @@ pub fn vector_helpers_probe_kernel<N: Size>(
         vector_stores,
     );
     sync_cube();
-    idx = u;
-    while idx < len {
-        let at = (idx / cols) * ld + idx % cols;
-        level[idx] = hi[at] + lo[at];
-        idx += THREADS;
-    }
+    read_back_split(&hi, &lo, level, u, len, cols, ld);
     sync_cube();
     // The carry: f·(merged level) + 0.5·(first level), a third read that must not add, then
     // the first level rewritten as 1.5·carry + the loaded rows.
@@ -1187,6 +1173,41 @@ pub fn vector_helpers_probe_kernel<N: Size>(
         THREADS,
         vector_stores,
     );
+    // The anticausal kernel's level sum: two levels added in registers, stored split. Each unit
+    // writes the shared cells its own reads above wrote (same vectors), so no barrier before.
+    let mut sum =
+        Array::<Vector<f32, StateVec>>::new(comptime!(carry_len(rows_level, cols, THREADS)));
+    #[unroll]
+    for r in 0..comptime!(carry_len(rows_level, cols, THREADS)) {
+        sum[r] = Vector::<f32, StateVec>::zeroed();
+    }
+    add_level(
+        states,
+        &mut sum,
+        2.0f32,
+        comptime!(len / 4),
+        u,
+        rows_level,
+        cols,
+        THREADS,
+    );
+    add_level(
+        states, &mut sum, -0.25f32, 0usize, u, rows_level, cols, THREADS,
+    );
+    store_level::<f32>(
+        &sum,
+        &mut hi,
+        &mut lo,
+        u,
+        rows_level,
+        cols,
+        ld,
+        true,
+        THREADS,
+        vector_stores,
+    );
+    sync_cube();
+    read_back_split(&hi, &lo, summed, u, len, cols, ld);
     sync_storage();
     write_carry(
         states, &buf, &carry, 1.5f32, 0usize, u, rows_level, cols, ld, THREADS,
@@ -1199,6 +1220,26 @@ pub fn vector_helpers_probe_kernel<N: Size>(
         for e in 0..4usize {
             carried[idx * 4 + e] = x.extract(e);
         }
+        idx += THREADS;
+    }
+}
+
+/// `out[e] = hi + lo` at element `e` of a `len`-float state stored split with rows `ld` apart
+/// (the probe's read-back).
+#[cube]
+fn read_back_split(
+    hi: &Shared<[f32]>,
+    lo: &Shared<[f32]>,
+    out: &mut Tensor<f32>,
+    u: usize,
+    #[comptime] len: usize,
+    #[comptime] cols: usize,
+    #[comptime] ld: usize,
+) {
+    let mut idx = u;
+    while idx < len {
+        let at = (idx / cols) * ld + idx % cols;
+        out[idx] = hi[at] + lo[at];
         idx += THREADS;
     }
 }

@@ -527,8 +527,8 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
     let mut gb_lo = Shared::<[E]>::new_aligned_slice(comptime!(nk * ldv), ALIGN);
     let mut stage = Shared::<[f32]>::new_aligned_slice(stage_size, ALIGN);
     // A second staging buffer, so that the products of a step whose results are consumed
-    // together (the score pair K Qᵀ and V dOᵀ, the dv and dk products, a level's two reads)
-    // share one pair of barriers.
+    // together (the score pair K Qᵀ and V dOᵀ, the dv and dk products, the two products of the
+    // summed levels) share one pair of barriers.
     let stage2_len = comptime!(stage_len_second(chunk, nk));
     let mut stage2 = Shared::<[f32]>::new_aligned_slice(stage2_len, ALIGN);
     let mut lam = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
