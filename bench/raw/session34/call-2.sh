@@ -5,7 +5,7 @@
 # multiprocessor, the backward to two). Correctness first (the kernel tests on CUDA that cover
 # the tensor-core kernels, the walks and the new mixed-walk test), then `bench op` (checks every
 # form against the f64 parallel form before timing) at the four anchors, v22 then v17.
-# bin-gpu/: loglinear-v17.xz, loglinear.xz (v22), tests/kernels.xz (v22).
+# bin-gpu/: loglinear-v17.xz, loglinear.xz (v22), tests/kernels.xz (v22), built at one commit.
 set -u
 export CUDA_PATH=/usr/local/cuda
 export LD_LIBRARY_PATH=$CUDA_PATH/lib64:${LD_LIBRARY_PATH:-}

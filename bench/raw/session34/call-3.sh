@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 34, call 3 (little device time left): v22 as committed (ba68446) — the tensor-core and
+# Session 34, call 3 (little device time left): v22 (built from one commit) — the tensor-core and
 # mixed-walk kernel tests on CUDA, then `bench op` (checked against the f64 parallel form first)
 # at the four anchors. bin-gpu/: loglinear.xz (v22), tests/kernels.xz (v22).
 set -u
