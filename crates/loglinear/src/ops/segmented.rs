@@ -213,9 +213,9 @@ pub fn planned_walk(rows: usize, t: usize, multiprocessors: usize) -> PlannedWal
     }
 }
 
-/// The segment length [`crate::ops::Form::Fused`] walks in on a device of `multiprocessors`
-/// multiprocessors, for `rows = B·H` sequences of `t` tokens, or `None` for one walk over each
-/// whole sequence. Segments only where whole walks leave the card idle — fewer than
+/// The segment length the backward of [`crate::ops::Form::Fused`] walks in (the forward's:
+/// [`planned_walk`]) on a device of `multiprocessors` multiprocessors, for `rows = B·H` sequences
+/// of `t` tokens, or `None` for one walk over each whole sequence. Segments only where whole walks leave the card idle — fewer than
 /// [`PLAN_WHOLE_ROWS_PER_MULTIPROCESSOR`] rows per multiprocessor, each walking a long
 /// sequence — and then the longest power of two that gives [`PLAN_ROWS_PER_MULTIPROCESSOR`]
 /// rows per multiprocessor, but no shorter than [`PLAN_MIN_SEGMENT`].
