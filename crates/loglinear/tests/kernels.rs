@@ -62,36 +62,24 @@ fn check_mixed(dims: Dims, dtype: DType, g_dtype: DType, tol: f64) {
 /// several, segments shorter than a chunk (one chunk each), a long sequence in four segments.
 #[test]
 fn fused_over_segments_matches_reference() {
-    let (f32, bf16) = (DType::F32, DType::BF16);
-    let half = device().supports_dtype(bf16);
-    for (t, segment, dtype, g_dtype, tol) in [
-        (70, Some(32), f32, f32, 2e-5),
-        (300, Some(16), f32, f32, 2e-5),
-        (1100, Some(32), f32, f32, 2e-5),
-        (200, Some(64), f32, f32, 2e-5),
-        (1000, Some(128), f32, f32, 2e-5),
-        (2000, Some(512), f32, f32, 2e-5),
-        // Mixed precision as training runs it (the tensor-core kernels on CUDA).
-        (200, Some(64), bf16, f32, 2e-2),
-        (2000, Some(512), bf16, f32, 2e-2),
-    ] {
-        if dtype == bf16 && !half {
-            eprintln!("skipped the bf16 cases: the device has no bf16");
-            continue;
-        }
-        let dims = Dims {
-            b: 1,
-            t,
-            h: 2,
-            n: 16,
-            p: 32,
-            l: num_levels(t),
-        };
-        let seed = test_seed(t as u64 ^ 0x5e6);
-        let results = check_fused_segments(&device(), dims, dtype, g_dtype, seed, segment);
-        let case = format!("{dims:?} {dtype:?} segment {segment:?} seed {seed}");
-        assert_all_within(results, tol, &case);
-    }
+    let both = |s| PlannedWalk {
+        forward: Some(s),
+        backward: Some(s),
+    };
+    check_walks(
+        &[
+            (70, both(32), DType::F32, 2e-5),
+            (300, both(16), DType::F32, 2e-5),
+            (1100, both(32), DType::F32, 2e-5),
+            (200, both(64), DType::F32, 2e-5),
+            (1000, both(128), DType::F32, 2e-5),
+            (2000, both(512), DType::F32, 2e-5),
+            // Mixed precision as training runs it (the tensor-core kernels on CUDA).
+            (200, both(64), DType::BF16, 2e-2),
+            (2000, both(512), DType::BF16, 2e-2),
+        ],
+        0x5e6,
+    );
 }
 
 /// The forward and the backward walking differently (the plan keeps one forward walk where the
@@ -99,17 +87,25 @@ fn fused_over_segments_matches_reference() {
 /// must give the f64 reference's output and gradients.
 #[test]
 fn fused_passes_walk_independently() {
-    let (f32, bf16) = (DType::F32, DType::BF16);
-    let half = device().supports_dtype(bf16);
     let walk = |forward, backward| PlannedWalk { forward, backward };
-    for (t, walk, dtype, tol) in [
-        (300, walk(None, Some(64)), f32, 2e-5),
-        (1100, walk(Some(128), None), f32, 2e-5),
-        (1000, walk(Some(256), Some(32)), f32, 2e-5),
-        (2000, walk(None, Some(512)), bf16, 2e-2),
-    ] {
-        if dtype == bf16 && !half {
-            eprintln!("skipped the bf16 case: the device has no bf16");
+    check_walks(
+        &[
+            (300, walk(None, Some(64)), DType::F32, 2e-5),
+            (1100, walk(Some(128), None), DType::F32, 2e-5),
+            (1000, walk(Some(256), Some(32)), DType::F32, 2e-5),
+            (2000, walk(None, Some(512)), DType::BF16, 2e-2),
+        ],
+        0x3a1c,
+    );
+}
+
+/// `check_fused_walk` for each `(T, walk, dtype of q/k/v, tolerance)` (B = 1, H = 2, N = 16,
+/// P = 32, g and λ in f32), seeds from `seed_tag` and T; bf16 cases skip on devices without bf16.
+fn check_walks(cases: &[(usize, PlannedWalk, DType, f64)], seed_tag: u64) {
+    let half = device().supports_dtype(DType::BF16);
+    for &(t, walk, dtype, tol) in cases {
+        if dtype == DType::BF16 && !half {
+            eprintln!("skipped T = {t} in bf16: the device has no bf16");
             continue;
         }
         let dims = Dims {
@@ -120,13 +116,10 @@ fn fused_passes_walk_independently() {
             p: 32,
             l: num_levels(t),
         };
-        let seed = test_seed(t as u64 ^ 0x3a1c);
+        let seed = test_seed(t as u64 ^ seed_tag);
         let results = check_fused_walk(&device(), dims, dtype, DType::F32, seed, Some(walk));
-        assert_all_within(
-            results,
-            tol,
-            &format!("{dims:?} {dtype:?} {walk:?} seed {seed}"),
-        );
+        let case = format!("{dims:?} {dtype:?} {walk:?} seed {seed}");
+        assert_all_within(results, tol, &case);
     }
 }
 
