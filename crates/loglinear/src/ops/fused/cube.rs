@@ -190,23 +190,36 @@ pub fn load_decays<G: Float>(
     #[comptime] threads: usize,
     #[comptime] plane_scan: bool,
 ) {
-    let mut idx = u;
-    while idx < comptime!(chunk * levels) {
+    // Every load of a unit (its λ entries and its `g`) is issued before its first store: a loop
+    // of load-then-store trips waited on global memory once per trip (the causal backward's
+    // λ loads and their widening took about 4 % of its stall samples that way: session 31's
+    // Nsight Compute source page, bench/RESULTS.md session 35).
+    let total = comptime!(chunk * levels);
+    let trips = comptime!(total.div_ceil(threads));
+    let mut held = Array::<G>::new(trips);
+    #[unroll]
+    for r in 0..trips {
+        let idx = u + r * threads;
         let t = t0 + idx / levels;
-        let mut lv = 0.0f32;
-        if t < seq {
-            lv = f32::cast_from(lambda[row(bi, t, h, seq, heads, levels) + idx % levels]);
+        let mut lv = G::cast_from(0.0f32);
+        if idx < total && t < seq {
+            lv = lambda[row(bi, t, h, seq, heads, levels) + idx % levels];
         }
-        lam[idx] = lv;
-        idx += threads;
+        held[r] = lv;
+    }
+    let mut gv = G::cast_from(0.0f32);
+    if u < chunk && t0 + u < seq {
+        gv = g[(bi * seq + t0 + u) * heads + h];
+    }
+    #[unroll]
+    for r in 0..trips {
+        let idx = u + r * threads;
+        if idx < total {
+            lam[idx] = f32::cast_from(held[r]);
+        }
     }
     if u < chunk {
-        let t = t0 + u;
-        let mut gv = 0.0f32;
-        if t < seq {
-            gv = f32::cast_from(g[(bi * seq + t) * heads + h]);
-        }
-        graw[u] = gv;
+        graw[u] = f32::cast_from(gv);
     }
     sync_cube();
     if u < chunk {
