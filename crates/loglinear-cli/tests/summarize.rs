@@ -272,7 +272,9 @@ fn at_step_compares_runs_at_one_training_length() {
     let dir = tmp.path();
     // linear stopped at 3,000 (its best 0.30 at 3,000); mlp_softplus ran on to 5,000 and its
     // best (0.60) came at 5,000, but by 3,000 it was at 0.20; `ones` finished at 2,000 (0.40).
-    let runs: [(&str, &[(usize, f64)], bool); 3] = [
+    // (λ mode, (step, accuracy) evaluations, finished)
+    type Run<'a> = (&'a str, &'a [(usize, f64)], bool);
+    let runs: [Run; 3] = [
         ("linear", &[(1000, 0.10), (2000, 0.25), (3000, 0.30)], false),
         (
             "mlp_softplus",

@@ -13,7 +13,7 @@ use cubecl::prelude::*;
 
 use super::backward::{anticausal_backward_kernel, causal_backward_kernel, key_lanes};
 use super::cube::{Geometry, TC_BACKWARD_THREADS, THREADS, causal_kernel};
-use super::segments::{across_states_kernel, segment_states_kernel};
+use super::segments::{across_states_kernel, segment_states_kernel, segment_states_tc_kernel};
 use super::tensor_core::{TILE, causal_tc_kernel, tc_shared_bytes};
 use super::tensor_core_backward::{
     anticausal_backward_tc_kernel, causal_backward_tc_kernel, tc_backward_shared_bytes,
@@ -339,12 +339,23 @@ impl Walk {
         geo: Geometry,
         tiles: usize,
         value_major: bool,
+        tensor_cores: bool,
     ) -> (CubeTensor, CubeTensor) {
         let [bs, _, h, nk] = k.meta.shape().dims::<4>();
         let rows = bs * self.segments;
         let key_states = alloc_f32(k, vec![tiles, rows, h, 1, nk, geo.pt]);
         let totals = alloc_f32(k, vec![rows, h]);
-        self.segment_states(k, v, g, lambda, &key_states, &totals, geo, true);
+        self.segment_states(
+            k,
+            v,
+            g,
+            lambda,
+            &key_states,
+            &totals,
+            geo,
+            true,
+            tensor_cores,
+        );
         let states = self.across(&key_states, &totals, geo, tiles, true, value_major);
         (states, totals)
     }
@@ -361,11 +372,22 @@ impl Walk {
         totals: &CubeTensor,
         geo: Geometry,
         tiles: usize,
+        tensor_cores: bool,
     ) -> CubeTensor {
         let [bs, _, h, nk] = q.meta.shape().dims::<4>();
         let above = geo.nlev - self.own_levels();
         let query_states = alloc_f32(q, vec![tiles, bs * self.segments, h, above, nk, geo.pt]);
-        self.segment_states(q, d_o, g, lambda, &query_states, totals, geo, false);
+        self.segment_states(
+            q,
+            d_o,
+            g,
+            lambda,
+            &query_states,
+            totals,
+            geo,
+            false,
+            tensor_cores,
+        );
         self.across(&query_states, totals, geo, tiles, false, false)
     }
 
@@ -384,37 +406,52 @@ impl Walk {
         totals: &CubeTensor,
         geo: Geometry,
         key: bool,
+        tensor_cores: bool,
     ) {
         let [bs, t, h, _] = a.meta.shape().dims::<4>();
         let [tiles, rows, _, slots, _, _] = out.meta.shape().dims::<6>();
         debug_assert_eq!(rows, bs * self.segments);
-        segment_states_kernel::launch(
-            &a.client,
-            CubeCount::Static((rows * h) as u32, tiles as u32, slots as u32),
-            CubeDim::new_1d(THREADS as u32),
-            a.clone().into_tensor_arg(),
-            b.clone().into_tensor_arg(),
-            g.clone().into_tensor_arg(),
-            lambda.clone().into_tensor_arg(),
-            out.clone().into_tensor_arg(),
-            totals.clone().into_tensor_arg(),
-            bs,
-            t,
-            h,
-            b.meta.shape()[3],
-            self.segments,
-            self.seg_chunks,
-            self.own_levels(),
-            Geometry {
-                threads: THREADS,
-                ..geo
-            },
-            key,
-            [
-                dtype_to_storage_type(a.dtype),
-                dtype_to_storage_type(g.dtype),
-            ],
-        );
+        let cubes = CubeCount::Static((rows * h) as u32, tiles as u32, slots as u32);
+        let geo = Geometry {
+            threads: THREADS,
+            ..geo
+        };
+        let dtypes = [
+            dtype_to_storage_type(a.dtype),
+            dtype_to_storage_type(g.dtype),
+        ];
+        macro_rules! launch {
+            ($kernel:ident $(, $vector:expr)?) => {
+                $kernel::launch(
+                    &a.client,
+                    cubes,
+                    CubeDim::new_1d(THREADS as u32),
+                    $($vector,)?
+                    a.clone().into_tensor_arg(),
+                    b.clone().into_tensor_arg(),
+                    g.clone().into_tensor_arg(),
+                    lambda.clone().into_tensor_arg(),
+                    out.clone().into_tensor_arg(),
+                    totals.clone().into_tensor_arg(),
+                    bs,
+                    t,
+                    h,
+                    b.meta.shape()[3],
+                    self.segments,
+                    self.seg_chunks,
+                    self.own_levels(),
+                    geo,
+                    key,
+                    dtypes,
+                )
+            };
+        }
+        if tensor_cores {
+            let vector = vector_size(&[a, b]);
+            launch!(segment_states_tc_kernel, vector);
+        } else {
+            launch!(segment_states_kernel);
+        }
     }
 
     /// A level scratch `[tiles, B·segments, H, nlev, nk, pt]` (`value_major`: `pt, nk`) with the
@@ -536,7 +573,8 @@ fn causal_with(
     let out = alloc(&q, vec![bs, t, h, width], q.dtype);
     let [q, k, v, g, lambda] = [q, k, v, g, lambda].map(into_contiguous);
     let states = if walk.segments > 1 {
-        walk.key_side(&k, &v, &g, &lambda, geometry, tiles, false).0
+        walk.key_side(&k, &v, &g, &lambda, geometry, tiles, false, tensor_cores)
+            .0
     } else {
         alloc_f32(&q, vec![tiles * bs * h * nlev.max(1) * nk * plan.pt])
     };
@@ -644,8 +682,26 @@ pub fn backward(
     // stream); in segments each kernel starts from the levels across segments of its side.
     let (causal_states, anticausal_states) = if walk.segments > 1 {
         // The scalar causal backward keeps its levels value-major.
-        let (states, totals) = walk.key_side(&k, &v, &g, &lambda, geometry, tiles, !tensor_cores);
-        let query = walk.query_side(&q, &d_o, &g, &lambda, &totals, geometry, tiles);
+        let (states, totals) = walk.key_side(
+            &k,
+            &v,
+            &g,
+            &lambda,
+            geometry,
+            tiles,
+            !tensor_cores,
+            tensor_cores,
+        );
+        let query = walk.query_side(
+            &q,
+            &d_o,
+            &g,
+            &lambda,
+            &totals,
+            geometry,
+            tiles,
+            tensor_cores,
+        );
         (states, query)
     } else {
         let states = alloc_f32(&q, vec![tiles * bs * h * nlev.max(1) * nk * plan.pt]);

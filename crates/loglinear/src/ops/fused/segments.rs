@@ -30,6 +30,9 @@
 use cubecl::prelude::*;
 
 use super::cube::{Geometry, THREADS, load_decays, row};
+use super::tensor_core::{
+    ALIGN, FULL, SPLIT_B, load_rows, row_len_f32, row_len_input, tile_matmul,
+};
 
 /// Value columns per unit block of the state kernels (a value tile is 16, 32 or 64 wide).
 const BLOCK_COLS: usize = 4;
@@ -199,6 +202,151 @@ pub fn segment_states_kernel<E: Float, G: Float>(
             for c in 0..BLOCK_COLS {
                 out[(base * nk + n) * pt + pb * BLOCK_COLS + c] = acc[rn * BLOCK_COLS + c];
             }
+        }
+    }
+    if key && tile == 0 && u == 0 {
+        totals[bh] = log_total;
+    }
+}
+
+/// [`segment_states_kernel`] on tensor cores (bf16 inputs, widths multiples of 16): per chunk one
+/// product `aᵀ (w ⊙ b)` (`nk × C × pt`, the weighted operand split in two, `hi + lo`, as the
+/// kernels' own state products: the states feed `dλ` and `dv`, whose `dg` needs ≈ 16 mantissa
+/// bits), staged in f32 and added to the unit's share of the state in registers (decayed first
+/// with `key`). Same outputs, shapes and grid as [`segment_states_kernel`], `geo.threads` units.
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+pub fn segment_states_tc_kernel<E: Float, G: Float, N: Size>(
+    a: &Tensor<Vector<E, N>>,
+    b: &Tensor<Vector<E, N>>,
+    g: &Tensor<G>,
+    lambda: &Tensor<G>,
+    out: &mut Tensor<f32>,
+    totals: &mut Tensor<f32>,
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    width: usize,
+    segments: usize,
+    seg_chunks: usize,
+    own: usize,
+    #[comptime] geo: Geometry,
+    #[comptime] key: bool,
+    #[define(E, G)] _dtypes: [ElemType; 2],
+) {
+    let (chunk, nk, pt, levels) = comptime!((geo.chunk, geo.nk, geo.pt, geo.levels));
+    let (threads, planes) = comptime!((geo.threads, geo.threads / 32));
+    let log_c = comptime!(chunk.trailing_zeros() as usize);
+    let bh = CUBE_POS_X as usize;
+    let tile = CUBE_POS_Y as usize;
+    let level = CUBE_POS_Z as usize;
+    let per_level = CUBE_COUNT_Z as usize;
+    let bi = bh / heads / segments;
+    let seg = (bh / heads) % segments;
+    let h = bh % heads;
+    let u = UNIT_POS_X as usize;
+    let plane = u / 32;
+    let p0 = tile * pt;
+    let t_start = seg * seg_chunks * chunk;
+    let token_level = log_c + own + level + 1;
+    let mut active = true;
+    if !key {
+        active = (seg >> level) & 1 == 1 && token_level < levels;
+    }
+    let ldk = comptime!(row_len_input(nk));
+    let ldv = comptime!(row_len_input(pt));
+    let lsv = comptime!(row_len_f32(pt));
+    let mut ab = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldk), ALIGN);
+    let mut bb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldv), ALIGN);
+    let mut wb = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldv), ALIGN);
+    let mut wb_lo = Shared::<[E]>::new_aligned_slice(comptime!(chunk * ldv), ALIGN);
+    let mut stage = Shared::<[f32]>::new_aligned_slice(comptime!(nk * lsv), ALIGN);
+    let mut lam = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
+    let mut graw = Shared::<[f32]>::new_slice(chunk);
+    let mut gam = Shared::<[f32]>::new_slice(chunk);
+    let mut kd = Shared::<[f32]>::new_slice(chunk);
+    let mut eg = Shared::<[f32]>::new_slice(chunk);
+    // This unit's state elements: `u + r·threads` of the row-major `nk × pt` state.
+    let per_unit = comptime!((nk * pt).div_ceil(threads));
+    let mut acc = Array::<f32>::new(per_unit);
+    #[unroll]
+    for r in 0..per_unit {
+        acc[r] = 0.0f32;
+    }
+    // e^{γ} at the start of the chunk (query states), the segment's log-decay so far (key).
+    let mut offset = 1.0f32;
+    let mut log_total = 0.0f32;
+    let left = (seq - t_start).div_ceil(chunk);
+    let mut n_chunks = seg_chunks;
+    if left < n_chunks {
+        n_chunks = left;
+    }
+    // A cube with nothing to compute walks no chunk (uniform over the cube) and writes nothing.
+    if !active {
+        n_chunks = 0;
+    }
+    for j in 0..n_chunks {
+        let t0 = t_start + j * chunk;
+        load_rows::<E, N>(
+            a, &mut ab, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads, true,
+        );
+        load_rows::<E, N>(
+            b, &mut bb, u, t0, p0, bi, h, seq, heads, width, chunk, pt, ldv, threads, true,
+        );
+        // Ends with barriers that also publish `ab` and `bb`.
+        load_decays::<G>(
+            g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
+            chunk, levels, threads, true,
+        );
+        // Per-token weights: e^{total − γ} (key), λ e^{offset + γ} (query); rows past the end
+        // were loaded as zeros.
+        let mut idx = u;
+        while idx < comptime!(chunk * pt) {
+            let i = idx / pt;
+            let at = i * ldv + idx % pt;
+            let mut w = kd[i];
+            if !key {
+                w = lam[i * levels + token_level] * offset * eg[i];
+            }
+            let x = f32::cast_from(bb[at]) * w;
+            let hi = E::cast_from(x);
+            wb[at] = hi;
+            wb_lo[at] = E::cast_from(x - f32::cast_from(hi));
+            idx += threads;
+        }
+        // Read before the barriers: the next chunk's `load_decays` may rewrite `gam` once every
+        // unit has passed the second one.
+        let total = gam[comptime!(chunk - 1)];
+        sync_cube();
+        // aᵀ (w ⊙ b): `a` read column-major.
+        tile_matmul::<E>(
+            &ab, &ab, &wb, &wb_lo, &mut stage, plane, planes, nk, chunk, pt, true, ldk, false, ldv,
+            FULL, FULL, SPLIT_B, lsv,
+        );
+        sync_cube();
+        // Earlier chunks decay through this one (key states). `stage` is next written by the
+        // next chunk's product, behind its barriers.
+        let d = total.exp();
+        #[unroll]
+        for r in 0..per_unit {
+            let e = u + r * threads;
+            if e < comptime!(nk * pt) {
+                let mut x = acc[r];
+                if key {
+                    x *= d;
+                }
+                acc[r] = x + stage[(e / pt) * lsv + e % pt];
+            }
+        }
+        offset *= d;
+        log_total += total;
+    }
+    let base = ((tile * batch * segments + bh / heads) * heads + h) * per_level + level;
+    #[unroll]
+    for r in 0..per_unit {
+        let e = u + r * threads;
+        if active && e < comptime!(nk * pt) {
+            out[base * comptime!(nk * pt) + e] = acc[r];
         }
     }
     if key && tile == 0 && u == 0 {
