@@ -29,7 +29,7 @@
 
 use cubecl::prelude::*;
 
-use super::cube::{Geometry, THREADS, load_decays, row};
+use super::cube::{Geometry, THREADS, load_decays, row, segment_chunks};
 use super::tensor_core::{
     ALIGN, FULL, SPLIT_B, load_rows, row_len_f32, row_len_input, tile_matmul,
 };
@@ -115,11 +115,7 @@ pub fn segment_states_kernel<E: Float, G: Float>(
     // e^{γ} at the start of the chunk (query states), the segment's log-decay so far (key).
     let mut offset = 1.0f32;
     let mut log_total = 0.0f32;
-    let left = (seq - t_start).div_ceil(chunk);
-    let mut n_chunks = seg_chunks;
-    if left < n_chunks {
-        n_chunks = left;
-    }
+    let mut n_chunks = segment_chunks(seq, t_start, seg_chunks, chunk);
     // A cube with nothing to compute walks no chunk (uniform over the cube: its barriers
     // are all reached or all skipped, as WGSL requires) and writes nothing.
     if !active {
@@ -276,11 +272,7 @@ pub fn segment_states_tc_kernel<E: Float, G: Float, N: Size>(
     // e^{γ} at the start of the chunk (query states), the segment's log-decay so far (key).
     let mut offset = 1.0f32;
     let mut log_total = 0.0f32;
-    let left = (seq - t_start).div_ceil(chunk);
-    let mut n_chunks = seg_chunks;
-    if left < n_chunks {
-        n_chunks = left;
-    }
+    let mut n_chunks = segment_chunks(seq, t_start, seg_chunks, chunk);
     // A cube with nothing to compute walks no chunk (uniform over the cube) and writes nothing.
     if !active {
         n_chunks = 0;
