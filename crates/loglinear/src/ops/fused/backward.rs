@@ -21,7 +21,7 @@ use cubecl::prelude::*;
 
 use super::cube::{
     Geometry, REWRITES_CLEAR_BITS, REWRITES_SET_BITS, THREADS, advance_scales, bitlen, load_chunk,
-    own_levels, row, segment_chunks, trailing_ones,
+    own_levels, row, segment_chunks, trailing_ones, walk_row,
 };
 
 /// Causal half of the backward: `dq`, `dλ` and `dΓ`'s first term `Σ_ℓ λ[t,ℓ] dλ[t,ℓ]`
@@ -58,11 +58,7 @@ pub fn causal_backward_kernel<E: Float, G: Float, O: Float>(
     let (levels, nlev) = comptime!((geo.levels, geo.nlev));
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
-    // Row `bh` of `batch·segments·heads`: segment `seg` of sequence `bi` (see `segment_chunks`).
-    let bi = bh / heads / segments;
-    let seg = (bh / heads) % segments;
-    let t_start = seg * seg_chunks * chunk;
-    let h = bh % heads;
+    let (bi, seg, h, t_start) = walk_row(bh, heads, segments, seg_chunks, chunk);
     let u = UNIT_POS_X as usize;
     let p0 = tile * pt;
     let log_c = comptime!(chunk.trailing_zeros() as usize);
@@ -355,11 +351,7 @@ pub fn anticausal_backward_kernel<E: Float, G: Float, O: Float>(
     let (levels, nlev) = comptime!((geo.levels, geo.nlev));
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
-    // Row `bh` of `batch·segments·heads`: segment `seg` of sequence `bi` (see `segment_chunks`).
-    let bi = bh / heads / segments;
-    let seg = (bh / heads) % segments;
-    let t_start = seg * seg_chunks * chunk;
-    let h = bh % heads;
+    let (bi, seg, h, t_start) = walk_row(bh, heads, segments, seg_chunks, chunk);
     let u = UNIT_POS_X as usize;
     let p0 = tile * pt;
     let log_c = comptime!(chunk.trailing_zeros() as usize);

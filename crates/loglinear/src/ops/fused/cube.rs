@@ -73,6 +73,26 @@ pub fn trailing_ones(j: usize) -> usize {
 /// The chunks a cube walks: `seg_chunks` from token `t_start` on, fewer where the sequence of
 /// `seq` tokens ends first.
 ///
+/// Cube row `bh` of the grid's `batch·segments·heads` rows (see [`segment_chunks`]): its sequence
+/// `bi`, segment `seg`, head `h` and the segment's first token `t_start`, as
+/// `(bi, seg, h, t_start)`.
+#[cube]
+pub fn walk_row(
+    bh: usize,
+    heads: usize,
+    segments: usize,
+    seg_chunks: usize,
+    #[comptime] chunk: usize,
+) -> (usize, usize, usize, usize) {
+    let seg = (bh / heads) % segments;
+    (
+        bh / heads / segments,
+        seg,
+        bh % heads,
+        seg * seg_chunks * chunk,
+    )
+}
+
 /// Every kernel of the op walks one row of a grid of `batch·segments·heads` cubes: the whole
 /// sequence where `segments` is 1 (`seg_chunks` ≥ its chunks), else aligned segments of
 /// `seg_chunks` chunks (a power of two), each its own cube, so that a few long sequences still
@@ -336,11 +356,7 @@ pub fn causal_kernel<E: Float, G: Float>(
     let (levels, nlev) = comptime!((geo.levels, geo.nlev));
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
-    // Row `bh` of `batch·segments·heads`: segment `seg` of sequence `bi` (see `segment_chunks`).
-    let bi = bh / heads / segments;
-    let seg = (bh / heads) % segments;
-    let t_start = seg * seg_chunks * chunk;
-    let h = bh % heads;
+    let (bi, seg, h, t_start) = walk_row(bh, heads, segments, seg_chunks, chunk);
     let u = UNIT_POS_X as usize;
     let p0 = tile * pt;
     let log_c = comptime!(chunk.trailing_zeros() as usize);

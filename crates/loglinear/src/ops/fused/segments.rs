@@ -29,7 +29,7 @@
 
 use cubecl::prelude::*;
 
-use super::cube::{Geometry, THREADS, load_decays, row, segment_chunks};
+use super::cube::{Geometry, THREADS, load_decays, row, segment_chunks, walk_row};
 use super::tensor_core::{
     ALIGN, FULL, SPLIT_B, load_rows, row_len_f32, row_len_input, tile_matmul,
 };
@@ -84,12 +84,9 @@ pub fn segment_states_kernel<E: Float, G: Float>(
     let tile = CUBE_POS_Y as usize;
     let level = CUBE_POS_Z as usize;
     let per_level = CUBE_COUNT_Z as usize;
-    let bi = bh / heads / segments;
-    let seg = (bh / heads) % segments;
-    let h = bh % heads;
+    let (bi, seg, h, t_start) = walk_row(bh, heads, segments, seg_chunks, chunk);
     let u = UNIT_POS_X as usize;
     let p0 = tile * pt;
-    let t_start = seg * seg_chunks * chunk;
     let token_level = log_c + own + level + 1;
     let mut active = true;
     if !key {
@@ -237,13 +234,10 @@ pub fn segment_states_tc_kernel<E: Float, G: Float, N: Size>(
     let tile = CUBE_POS_Y as usize;
     let level = CUBE_POS_Z as usize;
     let per_level = CUBE_COUNT_Z as usize;
-    let bi = bh / heads / segments;
-    let seg = (bh / heads) % segments;
-    let h = bh % heads;
+    let (bi, seg, h, t_start) = walk_row(bh, heads, segments, seg_chunks, chunk);
     let u = UNIT_POS_X as usize;
     let plane = u / 32;
     let p0 = tile * pt;
-    let t_start = seg * seg_chunks * chunk;
     let token_level = log_c + own + level + 1;
     let mut active = true;
     if !key {

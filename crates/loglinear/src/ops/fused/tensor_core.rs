@@ -28,7 +28,7 @@ use cubecl::prelude::*;
 
 use super::cube::{
     Geometry, REWRITES_ALL, REWRITES_CLEAR_BITS, THREADS, advance_scales, bitlen, load_decays, row,
-    segment_chunks, trailing_ones,
+    segment_chunks, trailing_ones, walk_row,
 };
 
 /// Edge of one tensor-core tile.
@@ -71,11 +71,7 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
     let (threads, planes) = comptime!((geo.threads, geo.threads / 32));
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
-    // Row `bh` of `batch·segments·heads`: segment `seg` of sequence `bi` (see `segment_chunks`).
-    let bi = bh / heads / segments;
-    let seg = (bh / heads) % segments;
-    let t_start = seg * seg_chunks * chunk;
-    let h = bh % heads;
+    let (bi, seg, h, t_start) = walk_row(bh, heads, segments, seg_chunks, chunk);
     let u = UNIT_POS_X as usize;
     let plane = u / 32;
     let p0 = tile * pt;

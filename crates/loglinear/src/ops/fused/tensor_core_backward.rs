@@ -29,7 +29,7 @@ use cubecl::prelude::*;
 
 use super::cube::{
     Geometry, REWRITES_CLEAR_BITS, REWRITES_SET_BITS, advance_scales, bitlen, load_decays,
-    own_levels, row, segment_chunks, trailing_ones,
+    own_levels, row, segment_chunks, trailing_ones, walk_row,
 };
 use super::tensor_core::{
     ALIGN, EXACT, FULL, LOWER, SPLIT_A, SPLIT_B, StateVec, UPPER, add_level, carry_len, load_rows,
@@ -130,11 +130,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
     let w_split_a = comptime!(if geo.tiled { SPLIT_A } else { EXACT });
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
-    // Row `bh` of `batch·segments·heads`: segment `seg` of sequence `bi` (see `segment_chunks`).
-    let bi = bh / heads / segments;
-    let seg = (bh / heads) % segments;
-    let t_start = seg * seg_chunks * chunk;
-    let h = bh % heads;
+    let (bi, seg, h, t_start) = walk_row(bh, heads, segments, seg_chunks, chunk);
     let u = UNIT_POS_X as usize;
     let plane = u / 32;
     let p0 = tile * pt;
@@ -485,11 +481,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
     let w_split_b = comptime!(if geo.tiled { SPLIT_B } else { EXACT });
     let bh = CUBE_POS_X as usize;
     let tile = CUBE_POS_Y as usize;
-    // Row `bh` of `batch·segments·heads`: segment `seg` of sequence `bi` (see `segment_chunks`).
-    let bi = bh / heads / segments;
-    let seg = (bh / heads) % segments;
-    let t_start = seg * seg_chunks * chunk;
-    let h = bh % heads;
+    let (bi, seg, h, t_start) = walk_row(bh, heads, segments, seg_chunks, chunk);
     let u = UNIT_POS_X as usize;
     let plane = u / 32;
     let p0 = tile * pt;
