@@ -113,6 +113,8 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
     let mut kd = Shared::<[f32]>::new_slice(chunk);
     let mut eg = Shared::<[f32]>::new_slice(chunk);
     let mut scale = Shared::<[f32]>::new_slice(comptime!(nlev.max(1)));
+    // A level read's row weights f · e^{γ_i} · λ[i, level] (see `LEVEL_WEIGHT_SLOTS`).
+    let mut level_weights = Shared::<[f32]>::new_slice(comptime!(LEVEL_WEIGHT_SLOTS * chunk));
 
     if u < nlev {
         scale[u] = 1.0f32;
@@ -153,9 +155,9 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
             if jj <= i {
                 let lvl = bitlen(i ^ jj);
                 if single {
-                    s = stage[i * lss + jj] * (gam[i] - gam[jj]).exp();
+                    s = stage[i * lss + jj] * exp_approx(gam[i] - gam[jj]);
                 } else if lvl < levels {
-                    s = stage[i * lss + jj] * (gam[i] - gam[jj]).exp() * lam[i * levels + lvl];
+                    s = stage[i * lss + jj] * exp_approx(gam[i] - gam[jj]) * lam[i * levels + lvl];
                 }
             }
             scratch[i * ldw + jj] = E::cast_from(s);
@@ -191,6 +193,7 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
             // On the whole-sequence index: a level this chunk does not read (see `cube.rs`).
             ones = trailing_ones(jg);
         }
+        let mut slot = 0usize;
         for lvi in 0..nlev {
             let token_level = log_c + lvi + 1;
             let mut read = (jg >> lvi) & 1 == 1 && token_level < levels;
@@ -198,6 +201,14 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
                 read = j > 0;
             }
             if read {
+                // This level's row weights, published by the barrier after the level read.
+                if u < chunk {
+                    let mut w = scale[lvi] * eg[u];
+                    if !single {
+                        w *= lam[u * levels + token_level];
+                    }
+                    level_weights[slot * chunk + u] = w;
+                }
                 let base = state_base + lvi * comptime!(level_size / 4);
                 read_level_carry::<E>(
                     states,
@@ -221,16 +232,12 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
                     ldk, false, ldv, FULL, FULL, EXACT, lso,
                 );
                 sync_cube();
-                let f = scale[lvi];
                 #[unroll]
                 for r in 0..rows_out {
                     let i = rbase + r * rstep;
-                    let mut w = f * eg[i];
-                    if !single {
-                        w *= lam[i * levels + token_level];
-                    }
-                    acc[r] += stage[i * lso + pc] * w;
+                    acc[r] += stage[i * lso + pc] * level_weights[slot * chunk + i];
                 }
+                slot = (slot + 1) % LEVEL_WEIGHT_SLOTS;
             }
         }
         #[unroll]
@@ -254,6 +261,10 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
                 idx += threads;
             }
             sync_cube();
+            if !single {
+                // Every unit's reads of the levels this chunk retires ended before that barrier.
+                discard_levels(states, state_base, 0, ones, u, nk, pt, threads);
+            }
             // Kᵀ (kd ⊙ V): Kᵀ is K read column-major.
             tile_matmul::<E>(
                 &kb, &kb, &scratch, &scratch, &mut stage, plane, planes, nk, chunk, pt, true, ldk,
@@ -289,7 +300,12 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
                 );
             }
         }
-        sync_storage();
+        // A cube barrier, not `sync_storage`: these kernels run on CUDA only, where
+        // `__syncthreads` already orders the cube's global writes for the cube's own later reads
+        // (the level states are read back only by the cube that wrote them), and
+        // `sync_storage`'s device-scope fence held every unit until its stores reached L2
+        // (the membar stalls of the forward's profile, bench/RESULTS.md session 36).
+        sync_cube();
         advance_scales(
             &mut scale,
             &eg,
@@ -306,7 +322,18 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
         );
         sync_cube();
     }
+    // The walk is over: every level is dead (the loop's last barrier follows every access).
+    discard_levels(states, state_base, 0, nlev, u, nk, pt, threads);
 }
+
+/// Buffers of per-row level weights (`f · e^{γ_i} · λ[i, level]`, one float per row) that the
+/// level reads of the causal kernels take in turn. A level's weights are written while its state
+/// is read (before the barrier ahead of its product) and read in its epilogue, where every
+/// element of a unit's rows took two shared loads, an index product and two multiplies (the
+/// causal backward's level epilogue was its busiest region, bench/RESULTS.md session 36). Two
+/// buffers, because a unit may write the next level's weights while another still reads the
+/// current ones: the write of the level after that waits behind the next level's barriers.
+pub const LEVEL_WEIGHT_SLOTS: usize = 2;
 
 /// No triangular structure.
 pub const FULL: u32 = 0;
@@ -314,6 +341,22 @@ pub const FULL: u32 = 0;
 pub const LOWER: u32 = 1;
 /// Upper-triangular in tiles (tile column ≥ tile row).
 pub const UPPER: u32 = 2;
+
+/// `e^x` as `2^{x·log₂e}` by the hardware's approximation (`ex2.approx.ftz.f32`: two
+/// instructions where the accurate `expf` takes about eight; relative error ≈ 2⁻²², far below the
+/// inputs' bf16 rounding; `e^0 = 1` exactly, so the diagonal's weights stay exact). The in-chunk
+/// weight loops take one per element of the `chunk × chunk` square: with the accurate `expf`
+/// they were 17.6 % of the forward's instructions, and `ex2.approx` took forward+backward 1.6 %
+/// (T = 2048) and 2.7 % (T = 8192) faster (bench/RESULTS.md session 37). The arguments are
+/// `γ_i − γ_j ≤ 0`; results below 2⁻¹²⁶ flush to zero. CUDA only (inline PTX), as are the
+/// tensor-core kernels.
+#[cube]
+pub fn exp_approx(x: f32) -> f32 {
+    let scaled = x * comptime!(std::f32::consts::LOG2_E);
+    let y: f32;
+    gpu_asm!("ex2.approx.ftz.f32 {}, {};", out(_) y, in(_) scaled, options(pure, nomem));
+    y
+}
 
 /// Operands as they are.
 pub const EXACT: u32 = 0;
@@ -640,7 +683,8 @@ pub fn tc_shared_bytes(chunk: usize, nk: usize, pt: usize, levels: usize, elem: 
             + chunk * row_len_input(pt)
             + tc_scratch_len(chunk, nk, pt)
             + 1);
-    let floats = stage_len(chunk, nk, pt) + chunk * levels + 4 * chunk + 32;
+    let floats =
+        stage_len(chunk, nk, pt) + chunk * levels + 4 * chunk + LEVEL_WEIGHT_SLOTS * chunk + 32;
     inputs + 4 * floats + 5 * ALIGN
 }
 
@@ -1019,6 +1063,43 @@ pub fn write_carry(
             }
             states[base + idx] = x;
         }
+    }
+}
+
+/// Drops levels `first .. first + count` (each `rows × cols` floats, level `i` at vector
+/// `base + i · rows · cols / 4`) from L2 without writing them back (`discard.global.L2`, one
+/// 128-byte line per unit and trip; CUDA only). A level a chunk retires is dead until a later
+/// carry rewrites it, and every level is dead once the walk ends, but its dirty lines would still
+/// be written to DRAM when L2 evicts them: in the forward at T = 2048 the level states were
+/// about half of the DRAM traffic (bench/RESULTS.md session 36). Call it after a barrier that
+/// follows every read of those levels. States are 512-byte aligned (CubeCL's CUDA allocator)
+/// and a level is a whole number of lines.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+pub fn discard_levels(
+    states: &mut Tensor<Vector<f32, StateVec>>,
+    base: usize,
+    first: usize,
+    count: usize,
+    u: usize,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] threads: usize,
+) {
+    // Vectors of four floats: eight to a line.
+    let level_vectors = comptime!(rows * cols / 4);
+    comptime!(assert!(
+        level_vectors % 8 == 0,
+        "discard_levels: a level is whole 128-byte lines"
+    ));
+    let start = base + first * level_vectors;
+    let lines = count * comptime!(level_vectors / 8);
+    let mut line = u;
+    while line < lines {
+        let at = start + line * 8;
+        let ptr = states.slice(at, at + 8).as_ptr();
+        gpu_asm!("discard.global.L2 [{}], 128;", mem_in(_) ptr, options(explicit_mem));
+        line += threads;
     }
 }
 

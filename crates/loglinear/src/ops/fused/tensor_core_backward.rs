@@ -32,9 +32,9 @@ use super::cube::{
     own_levels, row, segment_chunks, trailing_ones, walk_row,
 };
 use super::tensor_core::{
-    ALIGN, EXACT, FULL, LOWER, SPLIT_A, SPLIT_B, StateVec, UPPER, add_level, carry_len, load_rows,
-    merge_level, read_level_carry, row_len_f32, row_len_input, store_level, tile_matmul,
-    write_carry,
+    ALIGN, EXACT, FULL, LEVEL_WEIGHT_SLOTS, LOWER, SPLIT_A, SPLIT_B, StateVec, UPPER, add_level,
+    carry_len, discard_levels, exp_approx, load_rows, merge_level, read_level_carry, row_len_f32,
+    row_len_input, store_level, tile_matmul, write_carry,
 };
 
 /// f32 elements of the backward kernels' staging buffer: the largest product (`C × C`,
@@ -91,7 +91,7 @@ pub fn tc_backward_shared_bytes(
     };
     let mut floats = stage_len_backward(chunk, nk, pt) + chunk * levels + 5 * chunk + 32;
     if causal {
-        floats += chunk * row_len_f32(chunk);
+        floats += chunk * row_len_f32(chunk) + LEVEL_WEIGHT_SLOTS * chunk;
     } else {
         floats += stage_len_second(chunk, nk);
     }
@@ -175,6 +175,8 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
     // dO_t·o_t = Σ_ℓ λ[t,ℓ] dλ[t,ℓ] per row, summed by the unit that writes the row's dλ of
     // the in-chunk levels (lane i % 32 of the row's plane, which also sees the level reads).
     let mut read = Shared::<[f32]>::new_slice(chunk);
+    // A level read's row weights f · e^{γ_i} · λ[i, level] (see `LEVEL_WEIGHT_SLOTS`).
+    let mut level_weights = Shared::<[f32]>::new_slice(comptime!(LEVEL_WEIGHT_SLOTS * chunk));
 
     if u < nlev {
         scale[u] = 1.0f32;
@@ -228,7 +230,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
             let mut w = 0.0f32;
             let mut x = 0.0f32;
             if jj <= i {
-                let decay = (gam[i] - gam[jj]).exp();
+                let decay = exp_approx(gam[i] - gam[jj]);
                 let bv = sd[i * lss + jj];
                 x = stage[i * lss + jj] * decay * bv;
                 let lvl = bitlen(i ^ jj);
@@ -331,9 +333,15 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
         }
         // On the whole-sequence index: a level this chunk does not read (see `cube.rs`).
         let ones = trailing_ones(jg);
+        let mut slot = 0usize;
         for lvi in 0..nlev {
             let token_level = log_c + lvi + 1;
             if (jg >> lvi) & 1 == 1 && token_level < levels {
+                // This level's row weights, published by the barrier after the level read.
+                if u < chunk {
+                    level_weights[slot * chunk + u] =
+                        scale[lvi] * eg[u] * lam[u * levels + token_level];
+                }
                 let base = state_base + lvi * comptime!(level_size / 4);
                 read_level_carry::<E>(
                     states,
@@ -363,7 +371,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
                 for r in 0..rows_q {
                     let e = u + r * threads;
                     let i = e / nk;
-                    acc[r] += stage[i * lsk + e % nk] * f * eg[i] * lam[i * levels + token_level];
+                    acc[r] += stage[i * lsk + e % nk] * level_weights[slot * chunk + i];
                 }
                 // dλ = e f q·X: one plane per row, lanes over keys, a plane sum.
                 #[unroll]
@@ -387,6 +395,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
                         }
                     }
                 }
+                slot = (slot + 1) % LEVEL_WEIGHT_SLOTS;
             }
         }
         #[unroll]
@@ -412,6 +421,8 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
         if nlev > 0 {
             // Every unit's reads of `stage` above end here.
             sync_cube();
+            // And its reads of the levels this chunk retires (see `discard_levels`).
+            discard_levels(states, state_base, 0, ones, u, nk, pt, threads);
             tile_matmul::<E>(
                 &kb, &kb, &vt, &vt_lo, &mut stage, plane, planes, nk, chunk, pt, true, ldk, false,
                 ldv, FULL, FULL, SPLIT_B, lsv,
@@ -432,7 +443,8 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
                 );
             }
         }
-        sync_storage();
+        // A cube barrier is enough on CUDA (see the forward's `causal_tc_kernel`).
+        sync_cube();
         advance_scales(
             &mut scale,
             &eg,
@@ -445,6 +457,8 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
         );
         sync_cube();
     }
+    // The walk is over: every level is dead (the loop's last barrier follows every access).
+    discard_levels(states, state_base, 0, nlev, u, nk, pt, threads);
 }
 
 /// Anticausal half of the backward on tensor cores: `dv` (this value tile), `dk` (per value
@@ -543,7 +557,8 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
         states[state_base + idx] = Vector::<f32, StateVec>::zeroed();
         idx += threads;
     }
-    sync_storage();
+    // A cube barrier is enough on CUDA (see the forward's `causal_tc_kernel`).
+    sync_cube();
     let n_chunks = segment_chunks(seq, t_start, seg_chunks, chunk);
 
     for step in 0..n_chunks {
@@ -602,7 +617,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
             if tj >= si {
                 let lvl = bitlen(si ^ tj);
                 if lvl < levels {
-                    w = (gam[tj] - gam[si]).exp() * lam[tj * levels + lvl];
+                    w = exp_approx(gam[tj] - gam[si]) * lam[tj * levels + lvl];
                 }
             }
             let mut x = stage[si * lss + tj] * w;
@@ -813,7 +828,8 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
                 merge_level(states, &stage, base, f, fresh, u, nk, pt, lsv, threads);
             }
         }
-        sync_storage();
+        // A cube barrier is enough on CUDA (see the forward's `causal_tc_kernel`).
+        sync_cube();
         advance_scales(
             &mut scale,
             &eg,
@@ -826,4 +842,6 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
         );
         sync_cube();
     }
+    // The walk is over: every level is dead (the loop's last barrier follows every access).
+    discard_levels(states, state_base, 0, nlev, u, nk, pt, threads);
 }
