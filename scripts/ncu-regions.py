@@ -12,7 +12,7 @@ conversions to bf16, `CCTL` cache control such as `discard`), which name the reg
 of a chunk walk read in program order: loads, each product and its epilogue, the level reads,
 the state write.
 
-Usage: scripts/ncu-regions.py SASS.csv[.xz]
+Usage: scripts/ncu-regions.py SASS.csv[.xz]   (a report of several kernels: each in turn)
 """
 import collections
 import csv
@@ -24,8 +24,15 @@ def main(path):
     opener = lzma.open if path.endswith(".xz") else open
     with opener(path, "rt") as f:
         rows = list(csv.reader(f))
-    # Line 0 names the kernel; line 1 holds the column names.
-    header, data = rows[1], rows[2:]
+    # Each kernel of the report: a line that names it, one of column names, then its SASS.
+    starts = [i for i, r in enumerate(rows) if r and r[0] == "Kernel Name"] or [0]
+    for first, end in zip(starts, starts[1:] + [len(rows)]):
+        if len(starts) > 1:
+            print(f"== {rows[first][1]}")
+        regions(rows[first + 1], rows[first + 2:end])
+
+
+def regions(header, data):
     col = {name: i for i, name in enumerate(header)}
     samples = "Warp Stall Sampling (All Samples)"
     reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
