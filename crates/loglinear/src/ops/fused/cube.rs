@@ -73,26 +73,6 @@ pub fn trailing_ones(j: usize) -> usize {
 /// The chunks a cube walks: `seg_chunks` from token `t_start` on, fewer where the sequence of
 /// `seq` tokens ends first.
 ///
-/// Cube row `bh` of the grid's `batch·segments·heads` rows (see [`segment_chunks`]): its sequence
-/// `bi`, segment `seg`, head `h` and the segment's first token `t_start`, as
-/// `(bi, seg, h, t_start)`.
-#[cube]
-pub fn walk_row(
-    bh: usize,
-    heads: usize,
-    segments: usize,
-    seg_chunks: usize,
-    #[comptime] chunk: usize,
-) -> (usize, usize, usize, usize) {
-    let seg = (bh / heads) % segments;
-    (
-        bh / heads / segments,
-        seg,
-        bh % heads,
-        seg * seg_chunks * chunk,
-    )
-}
-
 /// Every kernel of the op walks one row of a grid of `batch·segments·heads` cubes: the whole
 /// sequence where `segments` is 1 (`seg_chunks` ≥ its chunks), else aligned segments of
 /// `seg_chunks` chunks (a power of two), each its own cube, so that a few long sequences still
@@ -113,6 +93,26 @@ pub fn segment_chunks(
         n = left;
     }
     n
+}
+
+/// Cube row `bh` of the grid's `batch·segments·heads` rows (see [`segment_chunks`]): its sequence
+/// `bi`, segment `seg`, head `h` and the segment's first token `t_start`, as
+/// `(bi, seg, h, t_start)`.
+#[cube]
+pub fn walk_row(
+    bh: usize,
+    heads: usize,
+    segments: usize,
+    seg_chunks: usize,
+    #[comptime] chunk: usize,
+) -> (usize, usize, usize, usize) {
+    let seg = (bh / heads) % segments;
+    (
+        bh / heads / segments,
+        seg,
+        bh % heads,
+        seg * seg_chunks * chunk,
+    )
 }
 
 /// The chunk levels inside a segment of `seg_chunks` chunks (all `nlev` in one launch): the
