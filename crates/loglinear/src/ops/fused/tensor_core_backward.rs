@@ -53,6 +53,55 @@ pub const fn stage_len_backward(chunk: usize, nk: usize, pt: usize) -> usize {
     len
 }
 
+/// Whether a `rows × cols` f32 tile staged in shared memory can be read by the row mapping of
+/// [`row_block`] with `threads` units: whole units per row, a plane's worth at most, and each
+/// unit a whole number of 4-float blocks.
+pub const fn row_epilogue_fits(rows: usize, cols: usize, threads: usize) -> bool {
+    if !threads.is_multiple_of(rows) || !cols.is_multiple_of(4) {
+        return false;
+    }
+    let upr = threads / rows;
+    upr <= 32 && 32usize.is_multiple_of(upr) && (cols / 4).is_multiple_of(upr)
+}
+
+/// The row mapping of the causal backward's level epilogues over the `C × nk` product staged in
+/// shared memory. Unit `u` of plane `p` owns row `p · rpp + (u % 32) % rpp` (`rpp` rows a plane,
+/// `upr = 32 / rpp` units a row) and, as part `(u % 32) / rpp` of it, the 4-float blocks
+/// `row_block(part, m)` for `m < cols / 4 / upr`: one row weight a unit instead of one per
+/// element, 16-byte shared loads, and the row's dλ summed over its units by `log2 upr`
+/// shuffles (one plane per row and a five-step plane sum before, which read `q` and the product
+/// again: session 37's v31x, measured in session 38). With the padded rows (`row_len_f32`:
+/// 4 floats past a multiple of 32 banks) the eight units one 16-byte load serves hit eight
+/// different 4-bank groups: eight rows when `rpp = 8`; when `rpp = 4` (`upr = 8`, the anchors'
+/// 512 units over 64 rows) four rows × two parts, whose blocks differ by four (the order below;
+/// checked by enumeration for `C` = 64, `nk` = 64 and 128).
+#[cube]
+pub fn row_block(part: usize, m: usize, #[comptime] upr: usize, #[comptime] rpp: usize) -> usize {
+    let mut b = part + upr * m;
+    if comptime!(rpp == 4 && upr == 8) {
+        b = 4 * (part % 2) + part / 2 + 8 * m;
+    }
+    b
+}
+
+/// The 4-float block of `stage` at `at` (a multiple of 4) in one 16-byte read, through the
+/// vector view the stores use (`tensor_core::store_split`). v31x's reads through an immutable
+/// view (`as_slice().as_vectorized()`), a bf16 vector view of `q` and a shuffle mask in a
+/// compile-time mutable failed CubeCL's IR verifier on CUDA (session 38); which of the three did
+/// is not known.
+#[cube]
+#[allow(unused_assignments)] // the zeroed local below (the form that compiled on CUDA)
+fn read_block(stage: &mut Shared<[f32]>, at: usize) -> Vector<f32, StateVec> {
+    let view = stage
+        .as_mut_slice()
+        .as_vectorized_mut()
+        .with_vector_size_mut::<StateVec>();
+    // Through a local, as the build that passed on CUDA wrote it.
+    let mut x = Vector::<f32, StateVec>::zeroed();
+    x = view[at / 4];
+    x
+}
+
 /// f32 elements of the anticausal kernel's second staging buffer: `C × C` (the `V dOᵀ` scores)
 /// or `C × nk` (the dk products), rows padded.
 pub const fn stage_len_second(chunk: usize, nk: usize) -> usize {
@@ -136,6 +185,14 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
     let p0 = tile * pt;
     let log_c = comptime!(chunk.trailing_zeros() as usize);
     let rows_q = comptime!(chunk * nk / threads);
+    // The level epilogues give each unit `nvq` blocks of four in one row (`row_block`) where the
+    // shape divides evenly (the anchors' do), else one column each (`rows_q` elements).
+    let row_mode = comptime!(row_epilogue_fits(chunk, nk, threads));
+    let upr = comptime!(if row_mode { threads / chunk } else { 1 });
+    let rpp = comptime!(if row_mode { 32 / upr } else { 1 });
+    let nvq = comptime!(if row_mode { nk / 4 / upr } else { 1 });
+    let my_row = (u / 32) * rpp + (u % 32) % rpp;
+    let part = (u % 32) / rpp;
     let level_size = comptime!(nk * pt);
     // The level states are read and written four floats at a time: offsets count vectors.
     let state_base = (tile * batch * segments * heads + bh) * comptime!(nlev.max(1) * nk * pt / 4);
@@ -313,10 +370,18 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
         );
         sync_cube();
         let mut acc = Array::<f32>::new(rows_q);
-        #[unroll]
-        for r in 0..rows_q {
-            let e = u + r * threads;
-            acc[r] = stage[(e / nk) * lsk + e % nk];
+        let mut acc_v = Array::<Vector<f32, StateVec>>::new(nvq);
+        if comptime!(row_mode) {
+            #[unroll]
+            for m in 0..nvq {
+                acc_v[m] = read_block(&mut stage, my_row * lsk + 4 * row_block(part, m, upr, rpp));
+            }
+        } else {
+            #[unroll]
+            for r in 0..rows_q {
+                let e = u + r * threads;
+                acc[r] = stage[(e / nk) * lsk + e % nk];
+            }
         }
         // No barrier here nor after each level below (as in the forward): the next write of
         // `stage` is a product behind a later barrier — a level's, or the one before the key
@@ -367,53 +432,107 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
                 );
                 sync_cube();
                 let f = scale[lvi];
-                #[unroll]
-                for r in 0..rows_q {
-                    let e = u + r * threads;
-                    let i = e / nk;
-                    acc[r] += stage[i * lsk + e % nk] * level_weights[slot * chunk + i];
-                }
-                // dλ = e f q·X: one plane per row, lanes over keys, a plane sum.
-                #[unroll]
-                for rr in 0..comptime!(chunk / planes) {
-                    let i = plane + rr * planes;
-                    let t = t0 + i;
-                    let mut part = 0.0f32;
+                if comptime!(row_mode) {
+                    // dq += w X and dλ = e f q·X for the unit's row: its blocks of X once, a
+                    // sum over the row's `upr` units (lanes `rpp` apart) for dλ.
+                    let w = Vector::<f32, StateVec>::new(level_weights[slot * chunk + my_row]);
+                    let mut dot = 0.0f32;
                     #[unroll]
-                    for m in 0..comptime!(nk.div_ceil(32)) {
-                        let n = lane + m * 32;
-                        if n < nk {
-                            part += f32::cast_from(qb[i * ldk + n]) * stage[i * lsk + n];
+                    for m in 0..nvq {
+                        let c0 = 4 * row_block(part, m, upr, rpp);
+                        let x = read_block(&mut stage, my_row * lsk + c0);
+                        let sum = acc_v[m] + x * w;
+                        acc_v[m] = sum;
+                        #[unroll]
+                        for e in 0..4 {
+                            dot += f32::cast_from(qb[my_row * ldk + c0 + e]) * x.extract(e);
                         }
                     }
-                    let sum = plane_sum(part) * f * eg[i];
-                    if lane == i % 32 {
-                        read[i] += lam[i * levels + token_level] * sum;
+                    // Lanes `rpp`, `2 rpp`, … apart hold the row's other parts.
+                    let shift = comptime!(rpp.trailing_zeros());
+                    #[unroll]
+                    for step in 0..comptime!(upr.trailing_zeros()) {
+                        dot += plane_shuffle_xor(dot, 1u32 << (step + shift));
+                    }
+                    let sum = dot * f * eg[my_row];
+                    let t = t0 + my_row;
+                    if part == 0 {
+                        read[my_row] += lam[my_row * levels + token_level] * sum;
                         if t < seq {
                             let dl_row = (((tile * batch + bi) * seq + t) * heads + h) * levels;
                             dl[dl_row + token_level] = sum;
+                        }
+                    }
+                } else {
+                    #[unroll]
+                    for r in 0..rows_q {
+                        let e = u + r * threads;
+                        let i = e / nk;
+                        acc[r] += stage[i * lsk + e % nk] * level_weights[slot * chunk + i];
+                    }
+                    // dλ = e f q·X: one plane per row, lanes over keys, a plane sum.
+                    #[unroll]
+                    for rr in 0..comptime!(chunk / planes) {
+                        let i = plane + rr * planes;
+                        let t = t0 + i;
+                        let mut part = 0.0f32;
+                        #[unroll]
+                        for m in 0..comptime!(nk.div_ceil(32)) {
+                            let n = lane + m * 32;
+                            if n < nk {
+                                part += f32::cast_from(qb[i * ldk + n]) * stage[i * lsk + n];
+                            }
+                        }
+                        let sum = plane_sum(part) * f * eg[i];
+                        if lane == i % 32 {
+                            read[i] += lam[i * levels + token_level] * sum;
+                            if t < seq {
+                                let dl_row = (((tile * batch + bi) * seq + t) * heads + h) * levels;
+                                dl[dl_row + token_level] = sum;
+                            }
                         }
                     }
                 }
                 slot = (slot + 1) % LEVEL_WEIGHT_SLOTS;
             }
         }
-        #[unroll]
-        for r in 0..rows_q {
-            let e = u + r * threads;
-            let t = t0 + e / nk;
+        if comptime!(row_mode) {
+            let t = t0 + my_row;
             if t < seq {
-                dq[(((tile * batch + bi) * seq + t) * heads + h) * nk + e % nk] =
-                    O::cast_from(acc[r]);
+                let dq_row = (((tile * batch + bi) * seq + t) * heads + h) * nk;
+                #[unroll]
+                for m in 0..nvq {
+                    let c0 = 4 * row_block(part, m, upr, rpp);
+                    let x = acc_v[m];
+                    #[unroll]
+                    for e in 0..4 {
+                        dq[dq_row + c0 + e] = O::cast_from(x.extract(e));
+                    }
+                }
+                // The in-chunk owner's write of `read` is behind the barrier after the in-chunk
+                // dq product; the levels' additions are this unit's.
+                if part == 0 {
+                    dgamma[((tile * batch + bi) * seq + t) * heads + h] = read[my_row];
+                }
             }
-        }
-        // The row's owner wrote `read` (no barrier needed: the same unit).
-        #[unroll]
-        for rr in 0..comptime!(chunk / planes) {
-            let i = plane + rr * planes;
-            let t = t0 + i;
-            if lane == i % 32 && t < seq {
-                dgamma[((tile * batch + bi) * seq + t) * heads + h] = read[i];
+        } else {
+            #[unroll]
+            for r in 0..rows_q {
+                let e = u + r * threads;
+                let t = t0 + e / nk;
+                if t < seq {
+                    dq[(((tile * batch + bi) * seq + t) * heads + h) * nk + e % nk] =
+                        O::cast_from(acc[r]);
+                }
+            }
+            // The row's owner wrote `read` (no barrier needed: the same unit).
+            #[unroll]
+            for rr in 0..comptime!(chunk / planes) {
+                let i = plane + rr * planes;
+                let t = t0 + i;
+                if lane == i % 32 && t < seq {
+                    dgamma[((tile * batch + bi) * seq + t) * heads + h] = read[i];
+                }
             }
         }
         // This chunk's key state Kᵀ (kd ⊙ V) and the levels it retired become level `ones`
