@@ -11,7 +11,7 @@
 # v30 = v31y's binary with its switches unset.
 #  1. The tensor-core, Mamba-2, segment, planned-segment, mixed-walk and half-precision kernel
 #     tests, switches unset (= v32); then the tensor-core and half-precision tests with both
-#     switches (and, if they fail, with ROW_FORWARD alone, to tell which construct fails).
+#     switches (and, if they fail, with each switch alone, to tell which construct fails).
 #  2. `bench op` at T = 2048, 8192: v32, v30, v33x's variants that passed, v32 again.
 # bin-gpu/: loglinear-v33x.xz, loglinear-v31y.xz, tests/kernels.xz (v33x). LIMIT: seconds.
 # At most eight files come back from $OUT.
@@ -42,7 +42,11 @@ if tc_test fwd-vec 100 tensor_core_kernels fused_takes_half -- \
     LOGLINEAR_EXPERIMENT_ROW_FORWARD=1 LOGLINEAR_EXPERIMENT_ROW_VECTOR_STORES=1; then
   variants=(fwd-vec vec)
 else
-  tc_test fwd 100 tensor_core_kernels -- LOGLINEAR_EXPERIMENT_ROW_FORWARD=1 && variants=(fwd)
+  # Which switch fails: the vector stores alone (dq in the backward only: the forward's rows
+  # are off), then the forward's rows alone (v31y's `fwd`, which passed in session 38).
+  tc_test vec 100 tensor_core_kernels -- LOGLINEAR_EXPERIMENT_ROW_VECTOR_STORES=1 \
+    && variants+=(vec)
+  tc_test fwd 100 tensor_core_kernels -- LOGLINEAR_EXPERIMENT_ROW_FORWARD=1 && variants+=(fwd)
 fi
 bench() { # label, binary, env...
   local label=$1 bin=$2; shift 2

@@ -69,8 +69,9 @@ pub const fn row_epilogue_fits(rows: usize, cols: usize, threads: usize) -> bool
 /// `upr = 32 / rpp` units a row) and, as part `(u % 32) / rpp` of it, the 4-float blocks
 /// `row_block(part, m)` for `m < cols / 4 / upr`: one row weight a unit instead of one per
 /// element, 16-byte shared loads, and the row's dλ summed over its units by `log2 upr`
-/// shuffles (one plane per row and a five-step plane sum before, which read `q` and the product
-/// again: session 37's v31x, measured in session 38). With the padded rows (`row_len_f32`:
+/// shuffles (v30 gave each unit one column, then summed dλ by one plane per row, reading `q`
+/// and the product again, in five shuffle steps; bench/RESULTS.md session 38 has the
+/// comparison). With the padded rows (`row_len_f32`:
 /// 4 floats past a multiple of 32 banks) the eight units one 16-byte load serves hit eight
 /// different 4-bank groups: eight rows when `rpp = 8`; when `rpp = 4` (`upr = 8`, the anchors'
 /// 512 units over 64 rows) four rows × two parts, whose blocks differ by four (the order below;
