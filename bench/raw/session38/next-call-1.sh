@@ -8,10 +8,13 @@
 #                                             `fwd`, which lost 6–10 % in session 38)
 #   LOGLINEAR_EXPERIMENT_ROW_VECTOR_STORES=1  the row epilogues store four outputs (o, dq) in
 #                                             one store through a vector view of the output
+#   LOGLINEAR_EXPERIMENT_DGAMMA_PREFETCH=1    the anticausal backward loads the causal kernel's
+#                                             dΓ of a chunk's rows with the chunk's inputs
 # v30 = v31y's binary with its switches unset.
 #  1. The tensor-core, Mamba-2, segment, planned-segment, mixed-walk and half-precision kernel
-#     tests, switches unset (= v32); then the tensor-core and half-precision tests with both
-#     switches (and, if they fail, with each switch alone, to tell which construct fails).
+#     tests, switches unset (= v32); then the tensor-core and half-precision tests with the two
+#     row switches (and, if they fail, with each alone, to tell which construct fails), and the
+#     tensor-core test with the dΓ prefetch.
 #  2. `bench op` at T = 2048, 8192: v32, v30, v33x's variants that passed, v32 again.
 # bin-gpu/: loglinear-v33x.xz, loglinear-v31y.xz, tests/kernels.xz (v33x). LIMIT: seconds.
 # At most eight files come back from $OUT.
@@ -19,7 +22,7 @@ set -u
 export CUDA_PATH=/usr/local/cuda
 export LD_LIBRARY_PATH=$CUDA_PATH/lib64:${LD_LIBRARY_PATH:-}
 SECONDS=0
-LIMIT=${LIMIT:-540}
+LIMIT=${LIMIT:-560}
 xz -dc bin-gpu/loglinear-v33x.xz > /tmp/ll-v32 && chmod +x /tmp/ll-v32
 xz -dc bin-gpu/loglinear-v31y.xz > /tmp/ll-v30 && chmod +x /tmp/ll-v30
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv | tee $OUT/op.txt
@@ -40,7 +43,7 @@ tc_test v32 150 tensor_core_kernels mamba2 fused_over_segments fused_passes_walk
 variants=()
 if tc_test fwd-vec 100 tensor_core_kernels fused_takes_half -- \
     LOGLINEAR_EXPERIMENT_ROW_FORWARD=1 LOGLINEAR_EXPERIMENT_ROW_VECTOR_STORES=1; then
-  variants=(fwd-vec vec)
+  variants=(fwd-vec)
 else
   # Which switch fails: the vector stores alone (dq in the backward only: the forward's rows
   # are off), then the forward's rows alone (v31y's `fwd`, which passed in session 38).
@@ -48,6 +51,10 @@ else
     && variants+=(vec)
   tc_test fwd 100 tensor_core_kernels -- LOGLINEAR_EXPERIMENT_ROW_FORWARD=1 && variants+=(fwd)
 fi
+tc_test dgamma 100 tensor_core_kernels -- LOGLINEAR_EXPERIMENT_DGAMMA_PREFETCH=1 \
+  && variants+=(dgamma)
+# dq's vector stores alone last (the row switches' pair is measured first).
+[ "${variants[0]:-}" = fwd-vec ] && variants+=(vec)
 bench() { # label, binary, env...
   local label=$1 bin=$2; shift 2
   local left=$(( LIMIT - SECONDS - 5 )); (( left > 110 )) && left=110
@@ -65,6 +72,7 @@ for v in "${variants[@]}"; do
                LOGLINEAR_EXPERIMENT_ROW_VECTOR_STORES=1 ;;
     vec) bench v33x-vec v32 LOGLINEAR_EXPERIMENT_ROW_VECTOR_STORES=1 ;;
     fwd) bench v33x-fwd v32 LOGLINEAR_EXPERIMENT_ROW_FORWARD=1 ;;
+    dgamma) bench v33x-dgamma v32 LOGLINEAR_EXPERIMENT_DGAMMA_PREFETCH=1 ;;
   esac
 done
 bench v32-again v32 X=1
