@@ -15,7 +15,12 @@
 #   --tests: also the kernel test binaries (crates/loglinear/tests/kernels.rs) built for CUDA,
 #            compressed into bin-gpu/tests/ for scripts/gpu-test.sh on the GPU machine (the GPU
 #            machine has no Rust toolchain). They are built with the binary's profile and
-#            features, so they reuse its compiled dependencies.
+#            features, so they reuse its compiled dependencies. Patched builds then compile the
+#            tensor-core kernels to CUDA C++ for an sm_90 card here, CubeCL's IR verifier included
+#            (`tensor_core_kernels_compile_for_sm90_without_a_device`, no GPU needed), and fail if
+#            one does not compile: a kernel the verifier rejects is found before a device call.
+#            Experiment switches read from the environment (LOGLINEAR_EXPERIMENT_*) apply to the
+#            check as to a launch: set them to check a variant.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 crate=cubecl-cuda-0.11.3
@@ -70,6 +75,13 @@ if (( tests )); then
             xz -T0 -6 -c "$exe" > "$out/tests/$name.xz"
         done
     ls -la "$out/tests"
+    if (( patched )); then
+        check=$(mktemp)
+        xz -dc "$out/tests/kernels.xz" > "$check" && chmod +x "$check"
+        "$check" --exact tensor_core_kernels_compile_for_sm90_without_a_device ||
+            { rm -f "$check"; echo "error: a tensor-core kernel does not compile for sm_90" >&2; exit 1; }
+        rm -f "$check"
+    fi
 fi
 ls -la "$out"
 echo "built $out/loglinear; run it on the GPU machine with CUDA_PATH=/usr/local/cuda and"

@@ -290,6 +290,36 @@ fn tensor_core_kernels_match_reference_in_bf16() {
     }
 }
 
+/// The tensor-core kernels compiled to CUDA C++ for an sm_90 card without one (CubeCL's IR
+/// verifier included; `loglinear::ops::fused::cuda_check`), at the planner's tiles for the anchor
+/// shapes, a narrow value tile, N = 48 and P = 128. Needs no GPU: run it on the build machine
+/// (`scripts/build-gpu.sh --tests`, then the `kernels` test binary with this test's name) before
+/// a kernel change goes to the GPU machine.
+#[cfg(feature = "cublas")]
+#[test]
+fn tensor_core_kernels_compile_for_sm90_without_a_device() {
+    for (nk, width, t, rows) in [
+        (128, 64, 2048, 64 * 48),
+        (128, 64, 32768, 4 * 48),
+        (64, 64, 4096, 2),
+        (48, 64, 70, 4),
+        (64, 128, 200, 6),
+    ] {
+        let sources = loglinear::ops::fused::cuda_check::compile_for_sm90(nk, width, t, rows)
+            .unwrap_or_else(|why| {
+                panic!("N {nk}, P {width}, T {t}, {rows} rows: a kernel does not compile: {why}")
+            });
+        assert_eq!(sources.len(), 4);
+        for (name, source) in sources {
+            // The products are `mma.sync` with `ldmatrix` operands, not WMMA fragments.
+            assert!(
+                source.contains("mma.sync") && source.contains("ldmatrix"),
+                "{name} (N {nk}, P {width}, T {t}): no mma.sync/ldmatrix in its CUDA source"
+            );
+        }
+    }
+}
+
 #[test]
 fn mamba2_is_the_op_with_lambda_one() {
     use loglinear::host::HostInput;

@@ -34,7 +34,7 @@ pub struct Plan {
 impl Plan {
     /// The kernels' compile-time sizes for key width `nk`, value width `width`, `levels` λ slots
     /// and `nlev` level states.
-    fn geometry(self, nk: usize, width: usize, levels: usize, nlev: usize) -> Geometry {
+    pub(super) fn geometry(self, nk: usize, width: usize, levels: usize, nlev: usize) -> Geometry {
         Geometry {
             chunk: self.chunk,
             nk,

@@ -26,6 +26,8 @@
 
 mod backward;
 mod cube;
+#[cfg(feature = "cublas")]
+pub mod cuda_check;
 mod launch;
 mod segments;
 pub(crate) mod tensor_core;

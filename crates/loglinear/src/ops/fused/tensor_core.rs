@@ -47,7 +47,7 @@ pub const ALIGN: usize = 128;
 /// `E`, rounded once from the f32 accumulator); `states`: `tiles·B·H·nlev·nk·pt` f32 scratch.
 /// Grid `(B·H, tiles)`, [`THREADS`] units.
 #[allow(clippy::too_many_arguments)]
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
     q: &Tensor<Vector<E, N>>,
     k: &Tensor<Vector<E, N>>,

@@ -152,7 +152,7 @@ pub fn tc_backward_shared_bytes(
 /// as [`causal_backward_kernel`](super::backward::causal_backward_kernel) but with the level
 /// states key-major (`[nk][pt]`, as the forward's).
 #[allow(clippy::too_many_arguments)]
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
     q: &Tensor<Vector<E, N>>,
     k: &Tensor<Vector<E, N>>,
@@ -585,7 +585,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
 /// tile) and `dΓ`'s second term, as
 /// [`anticausal_backward_kernel`](super::backward::anticausal_backward_kernel).
 #[allow(clippy::too_many_arguments)]
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
     q: &Tensor<Vector<E, N>>,
     k: &Tensor<Vector<E, N>>,
