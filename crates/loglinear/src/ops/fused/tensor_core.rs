@@ -13,7 +13,9 @@
 //! 4. the chunk's key state `Kᵀ (kd ⊙ V)` (`nk × pt`), merged into the f32 level states.
 //!
 //! The elementwise steps (weights, decays, state merges) stay f32 scalar code between the tile
-//! products; each product's result passes through one f32 shared staging buffer. Requires `nk` a
+//! products. The scores and the key state pass through one f32 shared staging buffer; the output
+//! (S̃ V plus the weighted level reads) stays in the tensor cores' accumulator registers through
+//! the chunk and is staged once (since v35; narrow value tiles stage every product). Requires `nk` a
 //! multiple of 16 and `chunk` ∈ {32, 64} (the value tile `pt` is 16, 32 or 64 whatever P is;
 //! columns past P are zero); other shapes use the scalar kernel.
 //!
@@ -81,6 +83,31 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
     let rbase = u / pt;
     let rstep = comptime!(threads / pt);
     let rows_out = comptime!(chunk / (threads / pt));
+    // The output tiles (`C × pt`, 16×16 each) stay in the tensor cores' accumulator registers
+    // through the chunk where they divide among the planes, one or two a plane in one column of
+    // tiles (chunk 64, value tiles of 32 or 64 columns: the anchors): S̃V accumulates into them
+    // and each level's product is added with its row weights in registers, one staging through
+    // shared memory per chunk instead of one per product (v35: forward 7.05 → 6.75 ms at
+    // T = 2048 on an H100, bench/RESULTS.md session 39). Narrow value tiles (few rows of B·H)
+    // stage every product as before.
+    let col_tiles = comptime!(pt / TILE);
+    let out_tiles = comptime!(chunk / TILE * col_tiles);
+    let in_registers = comptime!(
+        out_tiles.is_multiple_of(planes)
+            && out_tiles / planes <= 2
+            && planes.is_multiple_of(col_tiles)
+    );
+    let two_tiles = comptime!(in_registers && out_tiles / planes == 2);
+    // This plane's tiles: (ti_a, tp) and, with `two_tiles`, (ti_b, tp).
+    let (ti_a, tp) = (plane / col_tiles, plane % col_tiles);
+    let ti_b = (plane + planes) / col_tiles;
+    let def = MmaDefinition::<E, E, f32>::new(TILE, HALF, TILE);
+    let size!(NC) = def.vector_size(MatrixIdent::Accumulator);
+    // Rows and columns of this unit's cells in an m16n8 accumulator: its first vector holds two
+    // columns of row r0, its second two of row r1.
+    let (r0, c0) = def.position_of_nth(UNIT_POS_PLANE, 0u32, MatrixIdent::Accumulator);
+    let (r1, c1) = def.position_of_nth(UNIT_POS_PLANE, 2u32, MatrixIdent::Accumulator);
+    let (r0, c0, r1, c1) = (r0 as usize, c0 as usize, r1 as usize, c1 as usize);
     // The level states are read and written four floats at a time: offsets count vectors.
     let level_size = comptime!(nk * pt);
     let state_base = (tile * batch * segments * heads + bh) * comptime!(nlev.max(1) * nk * pt / 4);
@@ -166,20 +193,47 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
         sync_cube();
 
         // (3) In-chunk output S̃ V.
-        tile_matmul::<E>(
-            &scratch, &scratch, &vb, &vb, &mut stage, plane, planes, chunk, chunk, pt, false, ldw,
-            false, ldv, LOWER, FULL, EXACT, lso,
-        );
-        sync_cube();
+        let mut out_al = zero_accumulators::<NC>();
+        let mut out_ar = zero_accumulators::<NC>();
+        let mut out_bl = zero_accumulators::<NC>();
+        let mut out_br = zero_accumulators::<NC>();
         let mut acc = Array::<f32>::new(rows_out);
-        #[unroll]
-        for r in 0..rows_out {
-            acc[r] = stage[(rbase + r * rstep) * lso + pc];
+        if comptime!(in_registers) {
+            mma_into::<E, NC>(
+                &def,
+                &scratch,
+                &vb,
+                &mut out_al,
+                &mut out_ar,
+                &mut out_bl,
+                &mut out_br,
+                ti_a,
+                ti_b,
+                tp,
+                two_tiles,
+                chunk,
+                ldw,
+                ldv,
+                LOWER,
+            );
+            sync_cube();
+        } else {
+            tile_matmul::<E>(
+                &scratch, &scratch, &vb, &vb, &mut stage, plane, planes, chunk, chunk, pt, false,
+                ldw, false, ldv, LOWER, FULL, EXACT, lso,
+            );
+            sync_cube();
+            #[unroll]
+            for r in 0..rows_out {
+                acc[r] = stage[(rbase + r * rstep) * lso + pc];
+            }
         }
-        // No barrier here nor after each level below: the next write of `stage` is a product
-        // that follows a barrier (a level's, or the one before the key state's product) which
-        // every unit reaches only after its reads of `stage`, and the next write of `scratch`
-        // (a level read, or kd ⊙ V) follows the barrier after the last product that read it.
+        // Staged, no barrier here nor after each level's epilogue below: the next write of
+        // `stage` is a product that follows a barrier (a level's, or the one before the key
+        // state's product) which every unit reaches only after its reads of `stage`, and the next
+        // write of `scratch` (a level read, or kd ⊙ V) follows the barrier after the last product
+        // that read it. In registers, the barrier after each level's product stands in for that
+        // last one (no staged read follows the product).
         // (4) Earlier chunks: chunk level i is read when bit i−1 of j is set.
         // The levels of the trailing ones of j are read here and then retired: their sum,
         // decayed by this chunk, plus this chunk's key state becomes level `ones` in (5).
@@ -227,17 +281,81 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
                     true,
                 );
                 sync_cube();
-                tile_matmul::<E>(
-                    &qb, &qb, &scratch, &scratch, &mut stage, plane, planes, chunk, nk, pt, false,
-                    ldk, false, ldv, FULL, FULL, EXACT, lso,
-                );
-                sync_cube();
-                #[unroll]
-                for r in 0..rows_out {
-                    let i = rbase + r * rstep;
-                    acc[r] += stage[i * lso + pc] * level_weights[slot * chunk + i];
+                if comptime!(in_registers) {
+                    // Y = Q H into fresh accumulators, added with the row weights in f32.
+                    let mut lev_al = zero_accumulators::<NC>();
+                    let mut lev_ar = zero_accumulators::<NC>();
+                    let mut lev_bl = zero_accumulators::<NC>();
+                    let mut lev_br = zero_accumulators::<NC>();
+                    mma_into::<E, NC>(
+                        &def,
+                        &qb,
+                        &scratch,
+                        &mut lev_al,
+                        &mut lev_ar,
+                        &mut lev_bl,
+                        &mut lev_br,
+                        ti_a,
+                        ti_b,
+                        tp,
+                        two_tiles,
+                        nk,
+                        ldk,
+                        ldv,
+                        FULL,
+                    );
+                    let wa = slot * chunk + ti_a * TILE;
+                    let (w0, w1) = (level_weights[wa + r0], level_weights[wa + r1]);
+                    add_row_weighted::<NC>(&mut out_al, &lev_al, w0, w1);
+                    add_row_weighted::<NC>(&mut out_ar, &lev_ar, w0, w1);
+                    if comptime!(two_tiles) {
+                        let wb = slot * chunk + ti_b * TILE;
+                        let (w0, w1) = (level_weights[wb + r0], level_weights[wb + r1]);
+                        add_row_weighted::<NC>(&mut out_bl, &lev_bl, w0, w1);
+                        add_row_weighted::<NC>(&mut out_br, &lev_br, w0, w1);
+                    }
+                    // The next level's read rewrites `scratch`.
+                    sync_cube();
+                } else {
+                    tile_matmul::<E>(
+                        &qb, &qb, &scratch, &scratch, &mut stage, plane, planes, chunk, nk, pt,
+                        false, ldk, false, ldv, FULL, FULL, EXACT, lso,
+                    );
+                    sync_cube();
+                    #[unroll]
+                    for r in 0..rows_out {
+                        let i = rbase + r * rstep;
+                        acc[r] += stage[i * lso + pc] * level_weights[slot * chunk + i];
+                    }
                 }
                 slot = (slot + 1) % LEVEL_WEIGHT_SLOTS;
+            }
+        }
+        if comptime!(in_registers) {
+            // The output tiles through `stage` (no product of this chunk wrote it since the
+            // barrier after the in-chunk weights read the scores), then stored by columns.
+            let oa = ti_a * TILE * lso + tp * TILE;
+            store_accumulators::<NC>(
+                &mut stage,
+                &out_al,
+                &out_ar,
+                oa + r0 * lso + c0,
+                oa + r1 * lso + c1,
+            );
+            if comptime!(two_tiles) {
+                let ob = ti_b * TILE * lso + tp * TILE;
+                store_accumulators::<NC>(
+                    &mut stage,
+                    &out_bl,
+                    &out_br,
+                    ob + r0 * lso + c0,
+                    ob + r1 * lso + c1,
+                );
+            }
+            sync_cube();
+            #[unroll]
+            for r in 0..rows_out {
+                acc[r] = stage[(rbase + r * rstep) * lso + pc];
             }
         }
         #[unroll]
@@ -635,6 +753,84 @@ fn store_accumulators<NC: Size>(
     stage[at0 + HALF + 1] = x.extract(1usize);
     stage[at1 + HALF] = y.extract(0usize);
     stage[at1 + HALF + 1] = y.extract(1usize);
+}
+
+/// Adds `A · B` to one or two output tiles held in
+/// registers, tiles `(ti_a, tp)` and, with `two`, `(ti_b, tp)` (same column: one B fragment for
+/// both). `A` (`· × inner`) and `B` (`inner × ·`) are row-major shared buffers; with
+/// `a_tri == LOWER` the zero tiles of a lower-triangular `A` are skipped (`kk > ti`).
+#[allow(clippy::too_many_arguments)]
+#[cube]
+pub fn mma_into<E: Float, NC: Size>(
+    def: &MmaDefinition<E, E, f32>,
+    a: &Shared<[E]>,
+    b: &Shared<[E]>,
+    acc_al: &mut Array<Vector<f32, NC>>,
+    acc_ar: &mut Array<Vector<f32, NC>>,
+    acc_bl: &mut Array<Vector<f32, NC>>,
+    acc_br: &mut Array<Vector<f32, NC>>,
+    ti_a: usize,
+    ti_b: usize,
+    tp: usize,
+    #[comptime] two: bool,
+    #[comptime] inner: usize,
+    #[comptime] lda: usize,
+    #[comptime] ldb: usize,
+    #[comptime] a_tri: u32,
+) {
+    let size!(NA) = def.vector_size(MatrixIdent::A);
+    let size!(NB) = def.vector_size(MatrixIdent::B);
+    // Lane addresses as in `tile_matmul` (A row-major, B row-major: transposed by `ldmatrix`).
+    let lane = UNIT_POS_PLANE as usize;
+    let (q, r) = (lane / 8, lane % 8);
+    let a_lane = (r + (q % 2) * 8) * lda + (q / 2) * 8;
+    let q2 = (lane % 16) / 8;
+    let b_lane = (r + q2 * 8) * ldb;
+    for kk in 0..comptime!(inner / TILE) {
+        // Tiles of a triangular A past the diagonal are zero (every tile of B is read by the
+        // second output tile, the lower one, while `kk ≤ ti_b`).
+        let mut use_b = true;
+        if a_tri == LOWER {
+            use_b = kk <= ti_a;
+            if two {
+                use_b = kk <= ti_b;
+            }
+        }
+        if use_b {
+            let b_off = kk * TILE * ldb + tp * TILE;
+            let bm = load_b::<E, NB>(def, b, b_off + b_lane, true);
+            let bm_r = load_b::<E, NB>(def, b, b_off + b_lane + HALF, true);
+            let mut use_a = true;
+            if a_tri == LOWER {
+                use_a = kk <= ti_a;
+            }
+            if use_a {
+                let am = load_a::<E, NA>(def, a, ti_a * TILE * lda + kk * TILE + a_lane, false);
+                def.execute_inplace(&am, &bm, acc_al);
+                def.execute_inplace(&am, &bm_r, acc_ar);
+            }
+            if two {
+                let am2 = load_a::<E, NA>(def, a, ti_b * TILE * lda + kk * TILE + a_lane, false);
+                def.execute_inplace(&am2, &bm, acc_bl);
+                def.execute_inplace(&am2, &bm_r, acc_br);
+            }
+        }
+    }
+}
+
+/// `acc += part ⊙ w` for one m16n8 accumulator pair, `w0` the weight of the first
+/// vector's row, `w1` of the second's.
+#[cube]
+pub fn add_row_weighted<NC: Size>(
+    acc: &mut Array<Vector<f32, NC>>,
+    part: &Array<Vector<f32, NC>>,
+    w0: f32,
+    w1: f32,
+) {
+    let x = acc[0usize] + part[0usize] * Vector::<f32, NC>::new(w0);
+    let y = acc[1usize] + part[1usize] * Vector::<f32, NC>::new(w1);
+    acc[0usize] = x;
+    acc[1usize] = y;
 }
 
 /// Shared row length of a tile `cols` wide in the input dtype: 8 more (16 bytes),
