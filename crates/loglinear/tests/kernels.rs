@@ -264,13 +264,16 @@ fn tensor_core_kernels_match_reference_in_bf16() {
     // 264 rows (two per multiprocessor of an H100 or H200) keep the anchors' tile of 64 columns,
     // whose planes own several output tiles each. N = 48: rows of twelve 4-float blocks do not
     // divide among the causal backward's eight units a row, so its level epilogues keep the
-    // column mapping (`row_epilogue_fits`); N = 64 and 128 take the row mapping.
+    // column mapping (`row_epilogue_fits`); N = 64 and 128 take the row mapping. 132 rows make
+    // the planner take value tiles of 32 columns (as at the T = 32,768 × 4 anchor): the forward's
+    // planes then hold one output tile each in registers, where 264 rows give them two.
     let cases = [
         (1, 2, 2, 64, 64),
         (70, 2, 2, 128, 64),
         (70, 2, 2, 48, 64),
         (200, 2, 3, 64, 128),
         (300, 2, 132, 128, 64),
+        (300, 2, 66, 128, 64),
         (4096, 1, 2, 128, 64),
         (32768, 1, 1, 64, 64),
     ];
