@@ -4,10 +4,10 @@
 //!
 //! Why: the tensor-core kernels only compile where bf16 `mma.sync` exists, so software Vulkan
 //! (the CPU machine's tests) never compiles them, and a kernel that CubeCL's verifier rejects
-//! used to be found only on the GPU machine — a whole device call lost (session 38's v31x:
-//! `Expected operand type cube.ptr, but found builtin.integer`). This check needs the CUDA build's
-//! crates (feature `cublas`), no driver and no card; NVRTC itself (register allocation, PTX) still
-//! runs only on the GPU machine.
+//! used to be found only on the GPU machine — a whole device call lost (session 37's v31x, run in
+//! session 38: `Expected operand type cube.ptr, but found builtin.integer`). This check needs the
+//! CUDA build's crates (feature `cublas`), no driver and no card; NVRTC itself (register
+//! allocation, PTX) still runs only on the GPU machine.
 //!
 //! The properties follow `cubecl-cuda` 0.11.3's `DeviceService::init` for compute capability
 //! 9.0 (the features the kernels can reach: supported types, `mma`/`ldmatrix`/`stmatrix`, plane
