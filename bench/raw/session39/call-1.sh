@@ -7,7 +7,7 @@
 #                                             products, staged once per chunk
 #   LOGLINEAR_EXPERIMENT_FORWARD_CHUNK_128=1   the forward in chunks of 128 tokens, 512 units a
 #                                             cube, where one walk covers each sequence
-#   (v33x's three switches are left for call 2.)
+#   (v33x's three switches were left for a call 2, which did not run: no device time was left.)
 #  1. Kernel tests: v32 (tensor-core, Mamba-2, half precision); each switch with the
 #     tensor-core and Mamba-2 tests (both reach the changed forward).
 #  2. `bench op` at T = 2048, 8192: v32, each variant that passed (and both switches together
