@@ -16,6 +16,7 @@
 
 use std::sync::Arc;
 
+use cubecl::define_kernel;
 use cubecl::features::Plane;
 use cubecl::ir::{
     DeviceIdentity, DeviceProperties, ElemType, FloatKind, HardwareProperties,
@@ -142,29 +143,60 @@ enum TensorCoreKernel {
 }
 
 /// The CUDA C++ of `kernel` with bf16 inputs and f32 decays, for `geo` and input loads of
-/// `vector` elements, as the CUDA runtime would hand it to NVRTC on an sm_90 card; `Err` with
-/// CubeCL's message where the kernel fails to expand or the IR verifier rejects it.
+/// `vector` elements, as the CUDA runtime would hand it to NVRTC on a card with `props`; `Err`
+/// with CubeCL's message where the kernel fails to expand (`define_kernel` turns its panic into
+/// an error) or the IR verifier rejects it.
 fn compile_tensor_core_kernel(
     kernel: TensorCoreKernel,
     geo: Geometry,
     vector: usize,
+    props: &Arc<DeviceProperties>,
+    options: &CudaCompilationOptions,
 ) -> Result<String, String> {
-    let (props, options) = sm90();
-    let props = Arc::new(props);
     let target = Arc::new(CudaRuntime::target_properties());
     let bf16 = ElemType::Float(FloatKind::BF16);
     let f32_ = ElemType::Float(FloatKind::F32);
     let cubes = CubeCount::Static(4, 1, 1);
-    let units = |threads: usize| CubeDim::new_1d(threads as u32);
+    let units = CubeDim::new_1d(geo.threads as u32);
     let t = || dummy_tensor(1 << 16);
     let (batch, seq, heads, width, segments, seg_chunks) = (1, 256, 2, geo.pt, 1, 4);
-    let definition = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match kernel {
-        TensorCoreKernel::Forward | TensorCoreKernel::Mamba2 => {
-            causal_tc_kernel::create_dummy_kernel(
+    // The two backward kernels take the same arguments (as their launches in `launch.rs`).
+    macro_rules! backward {
+        ($kernel:ident) => {
+            define_kernel(&$kernel::create_dummy_kernel(
                 props.clone(),
                 target.clone(),
                 cubes.clone(),
-                units(geo.threads),
+                units,
+                vector,
+                t(),
+                t(),
+                t(),
+                t(),
+                t(),
+                t(),
+                t(),
+                t(),
+                t(),
+                t(),
+                batch,
+                seq,
+                heads,
+                width,
+                segments,
+                seg_chunks,
+                geo,
+                [bf16, f32_, bf16],
+            ))
+        };
+    }
+    let definition = match kernel {
+        TensorCoreKernel::Forward | TensorCoreKernel::Mamba2 => {
+            define_kernel(&causal_tc_kernel::create_dummy_kernel(
+                props.clone(),
+                target.clone(),
+                cubes.clone(),
+                units,
                 vector,
                 t(),
                 t(),
@@ -182,72 +214,14 @@ fn compile_tensor_core_kernel(
                 geo,
                 kernel == TensorCoreKernel::Mamba2,
                 [bf16, f32_],
-            )
-            .define()
+            ))
         }
-        TensorCoreKernel::CausalBackward => causal_backward_tc_kernel::create_dummy_kernel(
-            props.clone(),
-            target.clone(),
-            cubes.clone(),
-            units(geo.threads),
-            vector,
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            batch,
-            seq,
-            heads,
-            width,
-            segments,
-            seg_chunks,
-            geo,
-            [bf16, f32_, bf16],
-        )
-        .define(),
-        TensorCoreKernel::AnticausalBackward => anticausal_backward_tc_kernel::create_dummy_kernel(
-            props.clone(),
-            target.clone(),
-            cubes.clone(),
-            units(geo.threads),
-            vector,
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            batch,
-            seq,
-            heads,
-            width,
-            segments,
-            seg_chunks,
-            geo,
-            [bf16, f32_, bf16],
-        )
-        .define(),
-    }))
-    .map_err(|panic| {
-        panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "kernel expansion panicked".into())
-    })?;
-    let mut compiler = CudaCompiler::default();
-    compiler
-        .compile(definition, &options)
+        TensorCoreKernel::CausalBackward => backward!(causal_backward_tc_kernel),
+        TensorCoreKernel::AnticausalBackward => backward!(anticausal_backward_tc_kernel),
+    }
+    .map_err(|error| format!("{error:?}"))?;
+    CudaCompiler::default()
+        .compile(definition, options)
         .map(|source| source.to_string())
         .map_err(|error| format!("{error:?}"))
 }
@@ -262,7 +236,8 @@ pub fn compile_for_sm90(
     t: usize,
     rows: usize,
 ) -> Result<Vec<(String, String)>, String> {
-    let (props, _) = sm90();
+    let (props, options) = sm90();
+    let props = Arc::new(props);
     let max_shared = props.hardware.max_shared_memory_size;
     let sms = props.hardware.num_streaming_multiprocessors.unwrap_or(1) as usize;
     let levels = num_levels(t);
@@ -295,7 +270,7 @@ pub fn compile_for_sm90(
                 nlev
             };
             let geo = plan.geometry(nk, width, levels, nlev);
-            let source = compile_tensor_core_kernel(kernel, geo, vector)
+            let source = compile_tensor_core_kernel(kernel, geo, vector, &props, &options)
                 .map_err(|why| format!("{kernel:?} with {geo:?}: {why}"))?;
             sources.push((format!("{kernel:?}"), source));
         }
