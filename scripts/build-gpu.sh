@@ -20,7 +20,9 @@
 #            (`tensor_core_kernels_compile_for_sm90_without_a_device`, no GPU needed), and fail if
 #            one does not compile: a kernel the verifier rejects is found before a device call.
 #            Experiment switches read from the environment (LOGLINEAR_EXPERIMENT_*) apply to the
-#            check as to a launch: set them to check a variant.
+#            check as to a launch: set them to check a variant. Then scripts/ptxas-report.sh
+#            prints each kernel's registers and spills for sm_90a (LOGLINEAR_PTXAS_REPORT=0
+#            skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 crate=cubecl-cuda-0.11.3
@@ -81,6 +83,12 @@ if (( tests )); then
         "$check" --exact tensor_core_kernels_compile_for_sm90_without_a_device ||
             { rm -f "$check"; echo "error: a tensor-core kernel does not compile for sm_90" >&2; exit 1; }
         rm -f "$check"
+        # Registers and spills of each tensor-core kernel (NVRTC and ptxas from NVIDIA's PyPI
+        # wheels; LOGLINEAR_PTXAS_REPORT=0 skips it). A report that cannot be made only warns.
+        if [[ "${LOGLINEAR_PTXAS_REPORT:-1}" != 0 ]]; then
+            scripts/ptxas-report.sh "$out/tests/kernels.xz" ||
+                echo "warning: no ptxas report (scripts/ptxas-report.sh failed)" >&2
+        fi
     fi
 fi
 ls -la "$out"

@@ -301,6 +301,12 @@ fn tensor_core_kernels_match_reference_in_bf16() {
 #[cfg(feature = "cublas")]
 #[test]
 fn tensor_core_kernels_compile_for_sm90_without_a_device() {
+    // `LOGLINEAR_CUDA_SOURCES=DIR` keeps the CUDA C++ (for `scripts/ptxas-report.sh`: registers
+    // and spills per kernel from the CUDA toolkit's `ptxas`, still without a GPU).
+    let dump = std::env::var_os("LOGLINEAR_CUDA_SOURCES").map(std::path::PathBuf::from);
+    if let Some(dir) = &dump {
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+    }
     for (nk, width, t, rows) in [
         (128, 64, 2048, 64 * 48),
         (128, 64, 32768, 4 * 48),
@@ -314,6 +320,11 @@ fn tensor_core_kernels_compile_for_sm90_without_a_device() {
             });
         assert_eq!(sources.len(), 4);
         for (name, source) in sources {
+            if let Some(dir) = &dump {
+                let file = dir.join(format!("{name}-N{nk}-P{width}-T{t}-R{rows}.cu"));
+                std::fs::write(&file, &source)
+                    .unwrap_or_else(|e| panic!("writing {}: {e}", file.display()));
+            }
             // The products are `mma.sync` with `ldmatrix` operands, not WMMA fragments.
             assert!(
                 source.contains("mma.sync") && source.contains("ldmatrix"),
