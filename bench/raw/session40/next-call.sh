@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# For the next GPU session (written in session 40): v37x's three switches on v35, each alone and
-# all together, against v35 (switches unset) in one call. `bench op`'s own check (o and every
+# For the next GPU session (written in session 40), call 1 of 2 (then `next-call-2.sh`): v37x's
+# three backward switches on v35, each alone and all together, against v35 (switches unset). `bench op`'s own check (o and every
 # gradient against f64 at two shapes, tolerance 3e-2) gates each variant's timings; the kernel
 # tests with the switches follow if time remains.
 # bin-gpu/: loglinear-v37x.xz and tests/kernels.xz, built from `77921f7` +
@@ -12,6 +12,8 @@
 #   LOGLINEAR_EXPERIMENT_DGAMMA_PREFETCH=1    anticausal backward: the causal dΓ of a chunk's rows
 #                                             loaded with its inputs (v33x's)
 #   LOGLINEAR_EXPERIMENT_ROW_VECTOR_STORES=1  causal backward: four dq values a store (v33x's)
+#   LOGLINEAR_EXPERIMENT_FORWARD_PT=16|32|64  the tensor-core forward's value tile (planner only;
+#                                             `next-call-2.sh`)
 # At most eight files come back from $OUT. LIMIT: seconds.
 set -u
 export CUDA_PATH=/usr/local/cuda
