@@ -481,6 +481,78 @@ fn tensor_core_tiles_keep_their_occupancy_on_the_h200() {
     }
 }
 
+/// The tiles the planner takes for the tensor-core kernels at the anchors (B·T = 131,072,
+/// H = 48, N = 128, P = 64) on an H100 / H200 (227 KB of shared memory a cube, 132
+/// multiprocessors), for the rows each pass launches (`ops::planned_walk`: the backward walks
+/// segments of 8,192 at T = 32,768 × 4, both passes at T = 131,072). Pinned so that a change of
+/// the planner's rule or of a kernel's shared memory changes the anchors' tiles only on purpose:
+/// bench/RESULTS.md measures each choice (the forward's 32-column tiles at T = 32,768 × 4 are
+/// session 40's `FORWARD_PT` experiment).
+#[test]
+fn tensor_core_plans_at_the_anchors() {
+    use loglinear::ops::fused::{Kernels, Plan, plan};
+    let (max_shared, sms, h, nk, width) = (232_448, 132, 48, 128, 64);
+    let plan_for = |kernels, t: usize, rows: usize| {
+        plan(
+            kernels,
+            nk,
+            width,
+            num_levels(t),
+            t,
+            max_shared,
+            Some((rows, sms)),
+        )
+        .unwrap_or_else(|| panic!("{kernels:?} at T = {t}, {rows} rows: no tile fits"))
+    };
+    let tiles = |chunk, pt, threads| Plan { chunk, pt, threads };
+    for (kernels, t, rows, want) in [
+        (Kernels::TensorCoreForward, 2048, 64 * h, tiles(64, 64, 256)),
+        (Kernels::TensorCoreForward, 8192, 16 * h, tiles(64, 64, 256)),
+        (Kernels::TensorCoreForward, 32768, 4 * h, tiles(64, 32, 256)),
+        (
+            Kernels::TensorCoreForward,
+            131072,
+            16 * h,
+            tiles(64, 64, 256),
+        ),
+        (
+            Kernels::TensorCoreBackward,
+            2048,
+            64 * h,
+            tiles(64, 64, 512),
+        ),
+        (
+            Kernels::TensorCoreBackward,
+            8192,
+            16 * h,
+            tiles(64, 64, 512),
+        ),
+        (
+            Kernels::TensorCoreBackward,
+            32768,
+            16 * h,
+            tiles(64, 64, 512),
+        ),
+        (
+            Kernels::TensorCoreBackward,
+            131072,
+            16 * h,
+            tiles(64, 64, 512),
+        ),
+    ] {
+        assert_eq!(
+            plan_for(kernels, t, rows),
+            want,
+            "{kernels:?} at T = {t}, {rows} rows"
+        );
+    }
+    // Few rows: narrower value tiles, more cubes (one sequence of 2,048 tokens, 48 heads).
+    assert_eq!(
+        plan_for(Kernels::TensorCoreForward, 2048, h),
+        tiles(64, 16, 256)
+    );
+}
+
 /// The fused softmax cross-entropy (forward nll and the logits' gradient) against the tensor-op
 /// definition, in f32 and with f16 logits, at vocabularies that are not multiples of the cube
 /// (the LM's 50,257 included), one row and many, fresh random logits and targets; a target at

@@ -51,14 +51,14 @@ impl Plan {
 /// memory per cube; everything else about choosing tiles is common ([`plan`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernels {
-    /// The scalar forward ([`causal_kernel`]).
+    /// The scalar forward (`causal_kernel`).
     Forward,
-    /// The scalar backward pair ([`causal_backward_kernel`], [`anticausal_backward_kernel`]).
+    /// The scalar backward pair (`causal_backward_kernel`, `anticausal_backward_kernel`).
     Backward,
-    /// The tensor-core forward ([`causal_tc_kernel`], bf16 inputs).
+    /// The tensor-core forward (`causal_tc_kernel`, bf16 inputs).
     TensorCoreForward,
-    /// The tensor-core backward pair ([`causal_backward_tc_kernel`],
-    /// [`anticausal_backward_tc_kernel`], bf16 inputs).
+    /// The tensor-core backward pair (`causal_backward_tc_kernel`,
+    /// `anticausal_backward_tc_kernel`, bf16 inputs).
     TensorCoreBackward,
 }
 

@@ -36,6 +36,8 @@ mod tensor_core_backward;
 #[doc(hidden)]
 pub use launch::ProbedHelpers;
 #[doc(hidden)]
+pub use launch::{Kernels, Plan, plan};
+#[doc(hidden)]
 pub use tensor_core::tc_shared_bytes;
 #[doc(hidden)]
 pub use tensor_core_backward::tc_backward_shared_bytes;
