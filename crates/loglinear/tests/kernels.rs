@@ -505,40 +505,16 @@ fn tensor_core_plans_at_the_anchors() {
         .unwrap_or_else(|| panic!("{kernels:?} at T = {t}, {rows} rows: no tile fits"))
     };
     let tiles = |chunk, pt, threads| Plan { chunk, pt, threads };
+    let (fwd, bwd) = (Kernels::TensorCoreForward, Kernels::TensorCoreBackward);
     for (kernels, t, rows, want) in [
-        (Kernels::TensorCoreForward, 2048, 64 * h, tiles(64, 64, 256)),
-        (Kernels::TensorCoreForward, 8192, 16 * h, tiles(64, 64, 256)),
-        (Kernels::TensorCoreForward, 32768, 4 * h, tiles(64, 32, 256)),
-        (
-            Kernels::TensorCoreForward,
-            131072,
-            16 * h,
-            tiles(64, 64, 256),
-        ),
-        (
-            Kernels::TensorCoreBackward,
-            2048,
-            64 * h,
-            tiles(64, 64, 512),
-        ),
-        (
-            Kernels::TensorCoreBackward,
-            8192,
-            16 * h,
-            tiles(64, 64, 512),
-        ),
-        (
-            Kernels::TensorCoreBackward,
-            32768,
-            16 * h,
-            tiles(64, 64, 512),
-        ),
-        (
-            Kernels::TensorCoreBackward,
-            131072,
-            16 * h,
-            tiles(64, 64, 512),
-        ),
+        (fwd, 2048, 64 * h, tiles(64, 64, 256)),
+        (fwd, 8192, 16 * h, tiles(64, 64, 256)),
+        (fwd, 32768, 4 * h, tiles(64, 32, 256)),
+        (fwd, 131072, 16 * h, tiles(64, 64, 256)),
+        (bwd, 2048, 64 * h, tiles(64, 64, 512)),
+        (bwd, 8192, 16 * h, tiles(64, 64, 512)),
+        (bwd, 32768, 16 * h, tiles(64, 64, 512)),
+        (bwd, 131072, 16 * h, tiles(64, 64, 512)),
     ] {
         assert_eq!(
             plan_for(kernels, t, rows),
@@ -547,10 +523,7 @@ fn tensor_core_plans_at_the_anchors() {
         );
     }
     // Few rows: narrower value tiles, more cubes (one sequence of 2,048 tokens, 48 heads).
-    assert_eq!(
-        plan_for(Kernels::TensorCoreForward, 2048, h),
-        tiles(64, 16, 256)
-    );
+    assert_eq!(plan_for(fwd, 2048, h), tiles(64, 16, 256));
 }
 
 /// The fused softmax cross-entropy (forward nll and the logits' gradient) against the tensor-op
