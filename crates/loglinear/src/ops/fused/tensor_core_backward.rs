@@ -141,9 +141,11 @@ pub fn tc_backward_shared_bytes(
     };
     let mut floats = stage_len_backward(chunk, nk, pt) + chunk * levels + 5 * chunk + 32;
     if causal {
-        floats += chunk * row_len_f32(chunk) + LEVEL_WEIGHT_SLOTS * chunk;
+        // The in-chunk dλ product, the level reads' row weights, the chunk's dλ rows.
+        floats += chunk * row_len_f32(chunk) + LEVEL_WEIGHT_SLOTS * chunk + chunk * levels;
     } else {
-        floats += stage_len_second(chunk, nk);
+        // The second stage, the causal kernel's dΓ of the chunk's rows.
+        floats += stage_len_second(chunk, nk) + chunk;
     }
     inputs + 4 * floats + 14 * ALIGN
 }
@@ -235,6 +237,10 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
     let mut read = Shared::<[f32]>::new_slice(chunk);
     // A level read's row weights f · e^{γ_i} · λ[i, level] (see `LEVEL_WEIGHT_SLOTS`).
     let mut level_weights = Shared::<[f32]>::new_slice(comptime!(LEVEL_WEIGHT_SLOTS * chunk));
+    // The chunk's dλ rows (`C × levels`), written to `dl` at the chunk's end in one coalesced
+    // pass: staged here rather than stored a level at a time by single lanes as they are found
+    // (session 41: −1.5 % forward+backward at T = 2048 on its own).
+    let mut dls = Shared::<[f32]>::new_slice(comptime!(chunk * levels));
 
     if u < nlev {
         scale[u] = 1.0f32;
@@ -320,15 +326,13 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
         #[unroll]
         for rr in 0..comptime!(chunk / planes) {
             let i = plane + rr * planes;
-            let t = t0 + i;
-            let dl_row = (((tile * batch + bi) * seq + t) * heads + h) * levels;
             let half = i / 32;
-            let owner = lane == i % 32 && t < seq;
+            let owner = lane == i % 32;
             let mut block = sd[i * lss + half * 32 + lane];
             let lam_row = i * levels;
             let mut dot = lam[lam_row] * block;
             if owner {
-                dl[dl_row] = block;
+                dls[lam_row] = block;
             }
             #[unroll]
             for step in 0..5u32 {
@@ -337,7 +341,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
                 if lvl < levels {
                     dot += lam[lam_row + lvl] * sibling;
                     if owner {
-                        dl[dl_row + lvl] = sibling;
+                        dls[lam_row + lvl] = sibling;
                     }
                 }
                 block += sibling;
@@ -351,16 +355,14 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
                 if 6 < levels {
                     dot += lam[lam_row + 6] * first_half;
                     if owner {
-                        dl[dl_row + 6] = first_half;
+                        dls[lam_row + 6] = first_half;
                     }
                 }
             }
-            if lane == i % 32 {
-                read[i] = dot;
-            }
             if owner {
+                read[i] = dot;
                 for lvl in comptime!(log_c + 1)..levels {
-                    dl[dl_row + lvl] = 0.0f32;
+                    dls[lam_row + lvl] = 0.0f32;
                 }
             }
         }
@@ -456,13 +458,9 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
                         dot += plane_shuffle_xor(dot, 1u32 << (step + shift));
                     }
                     let sum = dot * f * eg[my_row];
-                    let t = t0 + my_row;
                     if part == 0 {
                         read[my_row] += lam[my_row * levels + token_level] * sum;
-                        if t < seq {
-                            let dl_row = (((tile * batch + bi) * seq + t) * heads + h) * levels;
-                            dl[dl_row + token_level] = sum;
-                        }
+                        dls[my_row * levels + token_level] = sum;
                     }
                 } else {
                     #[unroll]
@@ -475,7 +473,6 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
                     #[unroll]
                     for rr in 0..comptime!(chunk / planes) {
                         let i = plane + rr * planes;
-                        let t = t0 + i;
                         let mut part = 0.0f32;
                         #[unroll]
                         for m in 0..comptime!(nk.div_ceil(32)) {
@@ -487,10 +484,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
                         let sum = plane_sum(part) * f * eg[i];
                         if lane == i % 32 {
                             read[i] += lam[i * levels + token_level] * sum;
-                            if t < seq {
-                                let dl_row = (((tile * batch + bi) * seq + t) * heads + h) * levels;
-                                dl[dl_row + token_level] = sum;
-                            }
+                            dls[i * levels + token_level] = sum;
                         }
                     }
                 }
@@ -501,14 +495,16 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
             let t = t0 + my_row;
             if t < seq {
                 let dq_row = (((tile * batch + bi) * seq + t) * heads + h) * nk;
+                // Four dq values a store: a row starts at a multiple of nk, a block at a
+                // multiple of four (session 41: −0.8 ms of 38.9 at T = 2048 on its own).
+                let dq_v = dq
+                    .as_mut_slice()
+                    .as_vectorized_mut()
+                    .with_vector_size_mut::<StateVec>();
                 #[unroll]
                 for m in 0..nvq {
                     let c0 = 4 * row_block(part, m, upr, rpp);
-                    let x = acc_v[m];
-                    #[unroll]
-                    for e in 0..4 {
-                        dq[dq_row + c0 + e] = O::cast_from(x.extract(e));
-                    }
+                    dq_v[(dq_row + c0) / 4] = Vector::<O, StateVec>::cast_from(acc_v[m]);
                 }
                 // The in-chunk owner's write of `read` is behind the barrier after the in-chunk
                 // dq product; the levels' additions are this unit's.
@@ -565,6 +561,17 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
         }
         // A cube barrier is enough on CUDA (see the forward's `causal_tc_kernel`).
         sync_cube();
+        // The chunk's rows of dl, each `levels` contiguous floats: consecutive units write
+        // consecutive floats (every write of `dls` is behind the barrier above, and the next
+        // chunk's first write behind the one below).
+        let mut e = u;
+        while e < comptime!(chunk * levels) {
+            let t = t0 + e / levels;
+            if t < seq {
+                dl[(((tile * batch + bi) * seq + t) * heads + h) * levels + e % levels] = dls[e];
+            }
+            e += threads;
+        }
         advance_scales(
             &mut scale,
             &eg,
@@ -663,6 +670,8 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
     let mut kd = Shared::<[f32]>::new_slice(chunk);
     let mut eg = Shared::<[f32]>::new_slice(chunk);
     let mut dga = Shared::<[f32]>::new_slice(chunk);
+    // The causal kernel's dΓ of the chunk's rows, loaded with the chunk's inputs.
+    let mut dg_causal = Shared::<[f32]>::new_slice(chunk);
     let mut scale = Shared::<[f32]>::new_slice(comptime!(nlev.max(1)));
 
     if u < nlev {
@@ -686,6 +695,14 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
         let t0 = t_start + j * chunk;
         // The chunk's index in the whole sequence: its bits say which levels it reads.
         let jg = seg * seg_chunks + j;
+        // The causal dΓ of the chunk's rows, issued before the inputs' loads and stored after
+        // them, so that its latency overlaps theirs: read-modify-written at the chunk's end, it
+        // held 5.8 % of the kernel's stall samples (long-scoreboard waits; session 41: −1.2 ms
+        // of 38.9 at T = 2048 on its own).
+        let mut dg_row = 0.0f32;
+        if u < chunk && t0 + u < seq {
+            dg_row = dgamma[((tile * batch + bi) * seq + t0 + u) * heads + h];
+        }
         load_rows::<E, N>(
             q, &mut qb, u, t0, 0, bi, h, seq, heads, nk, chunk, nk, ldk, threads, true,
         );
@@ -702,6 +719,9 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
             g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
             chunk, levels, threads, true,
         );
+        if u < chunk {
+            dg_causal[u] = dg_row;
+        }
         // Row s, column t ≥ s: A = K Qᵀ, B = V dOᵀ (upper tiles), each times
         // W = λ[t, ℓ(t,s)] e^{γt−γs}.
         tile_matmul::<E>(
@@ -916,7 +936,7 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
             let written = plane_sum(part);
             if lane == 0 && t < seq {
                 let at = ((tile * batch + bi) * seq + t) * heads + h;
-                dgamma[at] -= written;
+                dgamma[at] = dg_causal[i] - written;
             }
         }
         // Updates (bit i−1 of j set): G += Qᵀ (λ[·, ℓ] e^{γ} ⊙ dO), one product per level.
