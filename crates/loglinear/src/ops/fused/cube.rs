@@ -49,6 +49,17 @@ pub struct Geometry {
     /// sums of per-tile partials, each from its own rounded weights, and partials that cancel
     /// amplify the rounding: the tensor-core backward splits their operands in two only then.
     pub tiled: bool,
+    /// How the tensor-core forward keeps its level states (set by the launcher for whole walks
+    /// of the log-linear op, [`super::launch::compact_levels`]; Mamba-2's one state and walks
+    /// in segments keep f32 levels): level 0 — an even chunk's key state alone, which the next
+    /// chunk reads and retires — stays in the carry's registers across the chunk boundary and
+    /// is never written; every other level is two input-dtype planes in its f32 slot,
+    /// `hi = E(x)` then `lo = E(x − hi)` (together `x` to about 2⁻¹⁶): a level read only for
+    /// the product loads `hi`, the operand the product rounds to anyway (half the bytes, no
+    /// conversion); a level the chunk retires loads both and adds `hi + lo` to the carry in f32
+    /// (`tensor_core::read_level_planes`). Forward −6.6 % at T = 2048 and −8.9 % at 8192 on an
+    /// H100 (bench/RESULTS.md session 42).
+    pub compact_levels: bool,
 }
 
 /// Number of bits of `x` (`bitlen(0) = 0`), the level of a pair at distance pattern `x = t ^ s`.

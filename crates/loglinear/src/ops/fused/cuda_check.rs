@@ -35,7 +35,7 @@ use cubecl_runtime::runtime::Runtime;
 use cubecl_runtime::server::Handle;
 
 use super::cube::Geometry;
-use super::launch::{Kernels, plan};
+use super::launch::{Kernels, compact_levels, plan};
 use super::tensor_core::causal_tc_kernel;
 use super::tensor_core_backward::{anticausal_backward_tc_kernel, causal_backward_tc_kernel};
 use crate::fenwick::{bitlen, num_levels};
@@ -269,7 +269,13 @@ pub fn compile_for_sm90(
             } else {
                 nlev
             };
-            let geo = plan.geometry(nk, width, levels, nlev);
+            // As `launch.rs` launches it in a whole walk (the backward kernels ignore the flag).
+            let forward = matches!(kernel, TensorCoreKernel::Forward | TensorCoreKernel::Mamba2);
+            let geo = Geometry {
+                compact_levels: forward
+                    && compact_levels(true, kernel == TensorCoreKernel::Mamba2, 1),
+                ..plan.geometry(nk, width, levels, nlev)
+            };
             let source = compile_tensor_core_kernel(kernel, geo, vector, &props, &options)
                 .map_err(|why| format!("{kernel:?} with {geo:?}: {why}"))?;
             sources.push((format!("{kernel:?}"), source));

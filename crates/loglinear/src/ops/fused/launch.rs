@@ -43,6 +43,7 @@ impl Plan {
             nlev,
             threads: self.threads,
             tiled: width > self.pt,
+            compact_levels: false,
         }
     }
 }
@@ -495,6 +496,14 @@ impl Walk {
 // `[.., L]` tensor with L = 9 gets a row pitch of 12), and the kernels index flat offsets.
 
 /// An f32 tensor of `shape` on the device of `like`, strictly contiguous.
+/// Whether a forward keeps its level states compactly (`Geometry::compact_levels`: level 0 in
+/// registers, the others as input-dtype planes): the log-linear op (not Mamba-2's one state) on
+/// tensor cores, walked whole — in segments the levels across segments are written by another
+/// kernel as f32, and a segment's first chunk would find no level 0 held.
+pub(super) fn compact_levels(tensor_cores: bool, single: bool, segments: usize) -> bool {
+    tensor_cores && !single && segments == 1
+}
+
 fn alloc_f32(like: &CubeTensor, shape: Vec<usize>) -> CubeTensor {
     alloc(like, shape, DType::F32)
 }
@@ -567,7 +576,10 @@ fn causal_with(
     } else {
         bitlen(t.div_ceil(plan.chunk) - 1)
     };
-    let geometry = plan.geometry(nk, width, levels, nlev);
+    let geometry = Geometry {
+        compact_levels: compact_levels(tensor_cores, single, walk.segments),
+        ..plan.geometry(nk, width, levels, nlev)
+    };
     // Written in the input dtype: a separate cast of an f32 output read 4 and wrote 2 bytes a
     // value more (≈ 0.8 ms at T = 8192, B = 16, H = 48, P = 64).
     let out = alloc(&q, vec![bs, t, h, width], q.dtype);

@@ -148,6 +148,20 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
     }
     let n_chunks = segment_chunks(seq, t_start, seg_chunks, chunk);
 
+    // The sum of the levels a chunk retires, (4) to (5); declared across chunks since with
+    // `compact_levels` an even chunk leaves level 0 in it for the next (see `Geometry`).
+    let compact = comptime!(geo.compact_levels);
+    let carry_vectors = comptime!(if geo.compact_levels {
+        planes_carry_len(nk, pt, threads)
+    } else {
+        carry_len(nk, pt, threads)
+    });
+    let mut carry = Array::<Vector<f32, StateVec>>::new(carry_vectors);
+    #[unroll]
+    for r in 0..carry_vectors {
+        carry[r] = Vector::<f32, StateVec>::zeroed();
+    }
+
     for j in 0..n_chunks {
         let t0 = t_start + j * chunk;
         // The chunk's index in the whole sequence: its bits say which levels it reads.
@@ -237,12 +251,21 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
         // (4) Earlier chunks: chunk level i is read when bit i−1 of j is set.
         // The levels of the trailing ones of j are read here and then retired: their sum,
         // decayed by this chunk, plus this chunk's key state becomes level `ones` in (5).
-        let mut carry = Array::<Vector<f32, StateVec>>::new(comptime!(carry_len(nk, pt, threads)));
+        // With `compact_levels` an odd chunk finds level 0, the previous chunk's key state, in
+        // `carry` as that chunk left it. (`j > 0` is implied in a whole walk, where `jg = j`, but
+        // spelled out: with it ptxas keeps the forward at T = 32,768 × 4 in 86 registers, with
+        // `j % 2 == 1` alone in 80 and a four-byte spill.)
+        let mut held = false;
+        if compact {
+            held = jg % 2 == 1 && j > 0;
+        }
         let mut ones = 0usize;
         if !single {
-            #[unroll]
-            for r in 0..comptime!(carry_len(nk, pt, threads)) {
-                carry[r] = Vector::<f32, StateVec>::zeroed();
+            if !held {
+                #[unroll]
+                for r in 0..carry_vectors {
+                    carry[r] = Vector::<f32, StateVec>::zeroed();
+                }
             }
             // On the whole-sequence index: a level this chunk does not read (see `cube.rs`).
             ones = trailing_ones(jg);
@@ -264,22 +287,44 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
                     level_weights[slot * chunk + u] = w;
                 }
                 let base = state_base + lvi * comptime!(level_size / 4);
-                read_level_carry::<E>(
-                    states,
-                    &mut scratch,
-                    &mut unused,
-                    &mut carry,
-                    scale[lvi],
-                    lvi < ones,
-                    base,
-                    u,
-                    nk,
-                    pt,
-                    ldv,
-                    false,
-                    threads,
-                    true,
-                );
+                if held && lvi == 0 {
+                    // Level 0 from registers; an odd chunk retires it, so the carry starts as
+                    // `scale_0 · U_0`, as a read added to a zero carry would make it.
+                    store_held::<E>(&mut carry, &mut scratch, scale[0], u, nk, pt, ldv, threads);
+                } else {
+                    if compact {
+                        read_level_planes::<E>(
+                            states,
+                            &mut scratch,
+                            &mut carry,
+                            scale[lvi],
+                            lvi < ones,
+                            base,
+                            u,
+                            nk,
+                            pt,
+                            ldv,
+                            threads,
+                        );
+                    } else {
+                        read_level_carry::<E>(
+                            states,
+                            &mut scratch,
+                            &mut unused,
+                            &mut carry,
+                            scale[lvi],
+                            lvi < ones,
+                            base,
+                            u,
+                            nk,
+                            pt,
+                            ldv,
+                            false,
+                            threads,
+                            true,
+                        );
+                    }
+                }
                 sync_cube();
                 if comptime!(in_registers) {
                     // Y = Q H into fresh accumulators, added with the row weights in f32.
@@ -404,18 +449,44 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
                     threads,
                 );
             } else if ones < nlev && log_c + ones + 1 < levels {
-                write_carry(
-                    states,
-                    &stage,
-                    &carry,
-                    eg[comptime!(chunk - 1)],
-                    state_base + ones * comptime!(level_size / 4),
-                    u,
-                    nk,
-                    pt,
-                    lso,
-                    threads,
-                );
+                let mut hold = false;
+                if compact {
+                    hold = ones == 0;
+                }
+                if hold {
+                    // An even chunk's level 0 is its key state alone (it retires nothing:
+                    // `carry` is zero), kept in `carry` for the next chunk, which reads and
+                    // retires it: never written to `states`.
+                    hold_key_state(&stage, &mut carry, u, nk, pt, lso, threads);
+                } else {
+                    if compact {
+                        write_carry_planes::<E>(
+                            states,
+                            &stage,
+                            &carry,
+                            eg[comptime!(chunk - 1)],
+                            state_base + ones * comptime!(level_size / 4),
+                            u,
+                            nk,
+                            pt,
+                            lso,
+                            threads,
+                        );
+                    } else {
+                        write_carry(
+                            states,
+                            &stage,
+                            &carry,
+                            eg[comptime!(chunk - 1)],
+                            state_base + ones * comptime!(level_size / 4),
+                            u,
+                            nk,
+                            pt,
+                            lso,
+                            threads,
+                        );
+                    }
+                }
             }
         }
         // A cube barrier, not `sync_storage`: these kernels run on CUDA only, where
@@ -1190,6 +1261,192 @@ pub fn add_level(
 ) {
     let held = load_level(states, base, u, false, rows, cols, threads);
     add_scaled(acc, &held, f, comptime!(carry_len(rows, cols, threads)));
+}
+
+/// Where carry vector `m` of unit `u` lies in an `nk × pt` level state with `compact_levels`, as
+/// a flat row-major offset (a multiple of 4): trip `m / 2` covers the eight values from
+/// `(u + (m / 2)·threads)·8` (one 16-byte access of a plane), and vector `m` is half `m % 2` of
+/// them ([`planes_carry_len`]).
+#[cube]
+pub fn carry_offset(m: usize, u: usize, #[comptime] threads: usize) -> usize {
+    (u + (m / 2) * threads) * 8 + (m % 2) * 4
+}
+
+/// `carry = stage` (the chunk's key state, f32, rows `ld` apart) in the carry's layout with
+/// `compact_levels` ([`carry_offset`]): level 0 held in registers for the next chunk.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+pub fn hold_key_state(
+    stage: &Shared<[f32]>,
+    carry: &mut Array<Vector<f32, StateVec>>,
+    u: usize,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] ld: usize,
+    #[comptime] threads: usize,
+) {
+    #[unroll]
+    for m in 0..comptime!(planes_carry_len(rows, cols, threads)) {
+        let flat = carry_offset(m, u, threads);
+        if flat < comptime!(rows * cols) {
+            let first = (flat / cols) * ld + flat % cols;
+            let mut x = Vector::<f32, StateVec>::zeroed();
+            #[unroll]
+            for e in 0..4 {
+                x.insert(e, stage[first + e]);
+            }
+            carry[m] = x;
+        }
+    }
+}
+
+/// The level held in `carry` ([`hold_key_state`]) into `hi` (shared, rows `ld` apart) as `E(x)`,
+/// the product's operand as [`read_level_planes`] stores it, four values a store; then
+/// `carry = f · carry`.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+pub fn store_held<E: Float>(
+    carry: &mut Array<Vector<f32, StateVec>>,
+    hi: &mut Shared<[E]>,
+    f: f32,
+    u: usize,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] ld: usize,
+    #[comptime] threads: usize,
+) {
+    let hi_v = hi
+        .as_mut_slice()
+        .as_vectorized_mut()
+        .with_vector_size_mut::<StateVec>();
+    #[unroll]
+    for m in 0..comptime!(planes_carry_len(rows, cols, threads)) {
+        let flat = carry_offset(m, u, threads);
+        if flat < comptime!(rows * cols) {
+            let x = carry[m];
+            hi_v[((flat / cols) * ld + flat % cols) / 4] = Vector::<E, StateVec>::cast_from(x);
+            carry[m] = x * Vector::<f32, StateVec>::new(f);
+        }
+    }
+}
+
+/// Input-dtype values per 16-byte access of a level plane (`compact_levels`).
+pub type PlaneVec = Const<8>;
+
+/// Vectors of the carry a unit holds with `compact_levels` (level planes):
+/// trip `r` covers plane vector `u + r·threads` (eight values), carry vectors `2r` and `2r + 1`.
+pub const fn planes_carry_len(nk: usize, pt: usize, threads: usize) -> usize {
+    2 * (nk * pt / 8).div_ceil(threads)
+}
+
+/// One level state in planes (f32 vectors `base ..`: the
+/// `hi` plane's `rows·cols/8` 16-byte words, then the `lo` plane's) into `hi` (shared, rows `ld`
+/// apart) as it is, and with `add` `carry += f · (hi + lo)` in f32. Every load is issued before
+/// the first store; `lo` is loaded only with `add`.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+pub fn read_level_planes<E: Float>(
+    states: &mut Tensor<Vector<f32, StateVec>>,
+    hi: &mut Shared<[E]>,
+    carry: &mut Array<Vector<f32, StateVec>>,
+    f: f32,
+    add: bool,
+    base: usize,
+    u: usize,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] ld: usize,
+    #[comptime] threads: usize,
+) {
+    let per_row = comptime!(cols / 8);
+    let total = comptime!(rows * cols / 8);
+    let trips = comptime!(total.div_ceil(threads));
+    let mut hw = Array::<Vector<f32, StateVec>>::new(trips);
+    let mut lw = Array::<Vector<f32, StateVec>>::new(trips);
+    #[unroll]
+    for r in 0..trips {
+        let idx = u + r * threads;
+        let mut h = Vector::<f32, StateVec>::zeroed();
+        let mut l = Vector::<f32, StateVec>::zeroed();
+        if idx < total {
+            h = states[base + idx];
+            if add {
+                l = states[base + total + idx];
+            }
+        }
+        hw[r] = h;
+        lw[r] = l;
+    }
+    let hi_v = hi
+        .as_mut_slice()
+        .as_vectorized_mut()
+        .with_vector_size_mut::<PlaneVec>();
+    #[unroll]
+    for r in 0..trips {
+        let idx = u + r * threads;
+        if idx < total {
+            let h = Vector::<E, PlaneVec>::reinterpret(hw[r]);
+            hi_v[((idx / per_row) * ld + (idx % per_row) * 8) / 8] = h;
+            if add {
+                let l = Vector::<E, PlaneVec>::reinterpret(lw[r]);
+                #[unroll]
+                for half in 0..2 {
+                    let mut c = carry[2 * r + half];
+                    #[unroll]
+                    for e in 0..4 {
+                        let x = f32::cast_from(h.extract(4 * half + e))
+                            + f32::cast_from(l.extract(4 * half + e));
+                        c.insert(e, c.extract(e) + f * x);
+                    }
+                    carry[2 * r + half] = c;
+                }
+            }
+        }
+    }
+}
+
+/// [`write_carry`] into planes: `x = f · carry +` the
+/// key state (`stage`, rows `ld` apart), written as `hi = E(x)` and `lo = E(x − hi)`, each
+/// plane's eight values one 16-byte store.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+pub fn write_carry_planes<E: Float>(
+    states: &mut Tensor<Vector<f32, StateVec>>,
+    stage: &Shared<[f32]>,
+    carry: &Array<Vector<f32, StateVec>>,
+    f: f32,
+    base: usize,
+    u: usize,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] ld: usize,
+    #[comptime] threads: usize,
+) {
+    let per_row = comptime!(cols / 8);
+    let total = comptime!(rows * cols / 8);
+    let trips = comptime!(total.div_ceil(threads));
+    #[unroll]
+    for r in 0..trips {
+        let idx = u + r * threads;
+        if idx < total {
+            let first = (idx / per_row) * ld + (idx % per_row) * 8;
+            let mut hv = Vector::<E, PlaneVec>::zeroed();
+            let mut lv = Vector::<E, PlaneVec>::zeroed();
+            #[unroll]
+            for half in 0..2 {
+                let c = carry[2 * r + half];
+                #[unroll]
+                for e in 0..4 {
+                    let x = c.extract(e) * f + stage[first + 4 * half + e];
+                    let h = E::cast_from(x);
+                    hv.insert(4 * half + e, h);
+                    lv.insert(4 * half + e, E::cast_from(x - f32::cast_from(h)));
+                }
+            }
+            states[base + idx] = Vector::<f32, StateVec>::reinterpret(hv);
+            states[base + total + idx] = Vector::<f32, StateVec>::reinterpret(lv);
+        }
+    }
 }
 
 /// A state summed in registers by [`add_level`] into shared memory in the input dtype (rows `ld`
