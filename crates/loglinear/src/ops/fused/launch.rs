@@ -492,10 +492,6 @@ impl Walk {
     }
 }
 
-// Outputs are allocated strictly contiguous: the runtime's default allocation may pad rows (a
-// `[.., L]` tensor with L = 9 gets a row pitch of 12), and the kernels index flat offsets.
-
-/// An f32 tensor of `shape` on the device of `like`, strictly contiguous.
 /// Whether a forward keeps its level states compactly (`Geometry::compact_levels`: level 0 in
 /// registers, the others as input-dtype planes): the log-linear op (not Mamba-2's one state) on
 /// tensor cores, walked whole — in segments the levels across segments are written by another
@@ -504,6 +500,10 @@ pub(super) fn compact_levels(tensor_cores: bool, single: bool, segments: usize) 
     tensor_cores && !single && segments == 1
 }
 
+// Outputs are allocated strictly contiguous: the runtime's default allocation may pad rows (a
+// `[.., L]` tensor with L = 9 gets a row pitch of 12), and the kernels index flat offsets.
+
+/// An f32 tensor of `shape` on the device of `like`, strictly contiguous.
 fn alloc_f32(like: &CubeTensor, shape: Vec<usize>) -> CubeTensor {
     alloc(like, shape, DType::F32)
 }

@@ -1333,16 +1333,17 @@ pub fn store_held<E: Float>(
 /// Input-dtype values per 16-byte access of a level plane (`compact_levels`).
 pub type PlaneVec = Const<8>;
 
-/// Vectors of the carry a unit holds with `compact_levels` (level planes):
-/// trip `r` covers plane vector `u + r·threads` (eight values), carry vectors `2r` and `2r + 1`.
+/// Vectors of the carry a unit holds with `compact_levels` (level planes): trip `r` covers plane
+/// vector `u + r·threads` (eight values), carry vectors `2r` and `2r + 1`.
 pub const fn planes_carry_len(nk: usize, pt: usize, threads: usize) -> usize {
     2 * (nk * pt / 8).div_ceil(threads)
 }
 
-/// One level state in planes (f32 vectors `base ..`: the
-/// `hi` plane's `rows·cols/8` 16-byte words, then the `lo` plane's) into `hi` (shared, rows `ld`
-/// apart) as it is, and with `add` `carry += f · (hi + lo)` in f32. Every load is issued before
-/// the first store; `lo` is loaded only with `add`.
+/// One level state in planes (f32 vectors from `base`: the `hi` plane's `rows·cols/8` 16-byte
+/// words, then the `lo` plane's) into `hi` (shared, rows `ld` apart) as it is, and with `add`
+/// `carry += f · (hi + lo)` in f32. Every load is issued before the first store; `lo` is loaded
+/// only with `add`. Two-byte input dtypes only (eight values a 16-byte word): the tensor-core
+/// kernels take bf16.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 pub fn read_level_planes<E: Float>(
@@ -1405,9 +1406,8 @@ pub fn read_level_planes<E: Float>(
     }
 }
 
-/// [`write_carry`] into planes: `x = f · carry +` the
-/// key state (`stage`, rows `ld` apart), written as `hi = E(x)` and `lo = E(x − hi)`, each
-/// plane's eight values one 16-byte store.
+/// [`write_carry`] into planes: `x = f · carry +` the key state (`stage`, rows `ld` apart),
+/// written as `hi = E(x)` and `lo = E(x − hi)`, each plane's eight values one 16-byte store.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 pub fn write_carry_planes<E: Float>(
