@@ -426,7 +426,12 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
             sync_cube();
             if !single {
                 // Every unit's reads of the levels this chunk retires ended before that barrier.
-                discard_levels(states, state_base, 0, ones, u, nk, pt, threads);
+                // With `compact_levels` level 0 is never written: nothing of it to drop.
+                let mut first = 0usize;
+                if compact && ones > 0 {
+                    first = 1;
+                }
+                discard_levels(states, state_base, first, ones - first, u, nk, pt, threads);
             }
             // Kᵀ (kd ⊙ V): Kᵀ is K read column-major.
             tile_matmul::<E>(
@@ -511,8 +516,19 @@ pub fn causal_tc_kernel<E: Float, G: Float, N: Size>(
         );
         sync_cube();
     }
-    // The walk is over: every level is dead (the loop's last barrier follows every access).
-    discard_levels(states, state_base, 0, nlev, u, nk, pt, threads);
+    // The walk is over: every level is dead (the loop's last barrier follows every access);
+    // with `compact_levels` level 0 was never written.
+    let written = comptime!(if geo.compact_levels && nlev > 0 { 1 } else { 0 });
+    discard_levels(
+        states,
+        state_base,
+        written,
+        comptime!(nlev - written),
+        u,
+        nk,
+        pt,
+        threads,
+    );
 }
 
 /// Buffers of per-row level weights (`f · e^{γ_i} · λ[i, level]`, one float per row) that the
