@@ -37,6 +37,12 @@ fn check_mixed(dims: Dims, dtype: DType, g_dtype: DType, tol: f64) {
     let results = check_fused(&device(), dims, dtype, g_dtype, seed)
         .unwrap_or_else(|why| panic!("{dims:?}: the kernels did not run: {why}"));
     for (name, c) in results.into_iter().take(6) {
+        // Shown with `--nocapture` (`scripts/gpu-test.sh NAME --nocapture`): the margin of each
+        // output and gradient, for comparing kernel versions' rounding.
+        eprintln!(
+            "{dims:?} {dtype:?} seed {seed}: {name} max_rel {:.2e} max_abs {:.2e}",
+            c.max_rel, c.max_abs
+        );
         if name == "dg" && dims.t == 1 {
             // Exactly 0 in the reference; the f32 cancellation leaves a tiny absolute error.
             assert!(
