@@ -1154,7 +1154,7 @@ fn load_level(
 /// cannot view a shared array as vectors, so the WGPU probe stores element by element. `at` is a
 /// multiple of 4.
 #[cube]
-fn store_split<E: Float>(
+pub fn store_split<E: Float>(
     hi: &mut Shared<[E]>,
     lo: &mut Shared<[E]>,
     x: Vector<f32, StateVec>,

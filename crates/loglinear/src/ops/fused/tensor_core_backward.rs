@@ -34,7 +34,7 @@ use super::cube::{
 use super::tensor_core::{
     ALIGN, EXACT, FULL, LEVEL_WEIGHT_SLOTS, LOWER, SPLIT_A, SPLIT_B, StateVec, UPPER, add_level,
     carry_len, discard_levels, exp_approx, load_rows, merge_level, read_level_carry, row_len_f32,
-    row_len_input, store_level, tile_matmul, write_carry,
+    row_len_input, store_level, store_split, tile_matmul, write_carry,
 };
 
 /// f32 elements of the backward kernels' staging buffer: the largest product (`C × C`,
@@ -101,6 +101,30 @@ fn read_block(stage: &mut Shared<[f32]>, at: usize) -> Vector<f32, StateVec> {
     let mut x = Vector::<f32, StateVec>::zeroed();
     x = view[at / 4];
     x
+}
+
+/// `stage[at .. at + 4] = x` (`at` a multiple of 4) in one 16-byte store.
+#[cube]
+fn write_block(stage: &mut Shared<[f32]>, at: usize, x: Vector<f32, StateVec>) {
+    let view = stage
+        .as_mut_slice()
+        .as_vectorized_mut()
+        .with_vector_size_mut::<StateVec>();
+    view[at / 4] = x;
+}
+
+/// Four input-dtype values of `buf` at `at` (a multiple of 4) as f32: one 8-byte read and paired
+/// conversions, through the vector view the stores use ([`read_block`]).
+#[cube]
+#[allow(unused_assignments)] // the zeroed local below (the form `read_block` compiles in)
+fn read_input_block<E: Float>(buf: &mut Shared<[E]>, at: usize) -> Vector<f32, StateVec> {
+    let view = buf
+        .as_mut_slice()
+        .as_vectorized_mut()
+        .with_vector_size_mut::<StateVec>();
+    let mut x = Vector::<E, StateVec>::zeroed();
+    x = view[at / 4];
+    Vector::<f32, StateVec>::cast_from(x)
 }
 
 /// f32 elements of the anticausal kernel's second staging buffer: `C × C` (the `V dOᵀ` scores)
@@ -267,13 +291,17 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
             g, lambda, &mut lam, &mut graw, &mut gam, &mut kd, &mut eg, u, t0, bi, h, seq, heads,
             chunk, levels, threads, true,
         );
+        // Key-decayed values kd ⊙ V, split. The elementwise operands of the products are built
+        // four columns a trip (`pt` and `C` are multiples of 16): one 8-byte or 16-byte read,
+        // paired conversions and vector stores, where element by element each value took its
+        // own conversions and 16-bit stores (v43: −1.9 % of the backward, bench/RESULTS.md
+        // session 44; the same values).
         let mut idx = u;
-        while idx < comptime!(chunk * pt) {
-            let at = (idx / pt) * ldv + idx % pt;
-            let x = f32::cast_from(vb[at]) * kd[idx / pt];
-            let hi = E::cast_from(x);
-            vt[at] = hi;
-            vt_lo[at] = E::cast_from(x - f32::cast_from(hi));
+        while idx < comptime!(chunk * pt / 4) {
+            let i = (idx * 4) / pt;
+            let at = i * ldv + (idx * 4) % pt;
+            let x = read_input_block::<E>(&mut vb, at) * Vector::<f32, StateVec>::new(kd[i]);
+            store_split::<E>(&mut vt, &mut vt_lo, x, at, true, true);
             idx += threads;
         }
         // A = Q Kᵀ into `stage`, B = dO Vᵀ into `sd` (lower tiles); then, in place,
@@ -288,26 +316,32 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
         );
         sync_cube();
         idx = u;
-        while idx < comptime!(chunk * chunk) {
-            let i = idx / chunk;
-            let jj = idx % chunk;
-            let mut w = 0.0f32;
-            let mut x = 0.0f32;
-            if jj <= i {
-                let decay = exp_approx(gam[i] - gam[jj]);
-                let bv = sd[i * lss + jj];
-                x = stage[i * lss + jj] * decay * bv;
-                let lvl = bitlen(i ^ jj);
-                if lvl < levels {
-                    w = lam[i * levels + lvl] * decay * bv;
+        while idx < comptime!(chunk * chunk / 4) {
+            let i = (idx * 4) / chunk;
+            let j0 = (idx * 4) % chunk;
+            let a = read_block(&mut stage, i * lss + j0);
+            let b = read_block(&mut sd, i * lss + j0);
+            let mut xv = Vector::<f32, StateVec>::zeroed();
+            let mut wv = Vector::<f32, StateVec>::zeroed();
+            #[unroll]
+            for e in 0..4 {
+                let jj = j0 + e;
+                let mut w = 0.0f32;
+                let mut x = 0.0f32;
+                if jj <= i {
+                    let decay = exp_approx(gam[i] - gam[jj]);
+                    let bv = b.extract(e);
+                    x = a.extract(e) * decay * bv;
+                    let lvl = bitlen(i ^ jj);
+                    if lvl < levels {
+                        w = lam[i * levels + lvl] * decay * bv;
+                    }
                 }
+                xv.insert(e, x);
+                wv.insert(e, w);
             }
-            sd[i * lss + jj] = x;
-            let hi = E::cast_from(w);
-            sc[i * ldw + jj] = hi;
-            if comptime!(geo.tiled) {
-                sc_lo[i * ldw + jj] = E::cast_from(w - f32::cast_from(hi));
-            }
+            write_block(&mut sd, i * lss + j0, xv);
+            store_split::<E>(&mut sc, &mut sc_lo, wv, i * ldw + j0, geo.tiled, true);
             idx += threads;
         }
         sync_cube();
@@ -750,32 +784,35 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
         );
         sync_cube();
         idx = u;
-        while idx < comptime!(chunk * chunk) {
-            let si = idx / chunk;
-            let tj = idx % chunk;
-            let mut w = 0.0f32;
-            if tj >= si {
-                let lvl = bitlen(si ^ tj);
-                if lvl < levels {
-                    w = exp_approx(gam[tj] - gam[si]) * lam[tj * levels + lvl];
+        while idx < comptime!(chunk * chunk / 4) {
+            let si = (idx * 4) / chunk;
+            let t0c = (idx * 4) % chunk;
+            let a = read_block(&mut stage, si * lss + t0c);
+            let b = read_block(&mut stage2, si * lss + t0c);
+            let mut xv = Vector::<f32, StateVec>::zeroed();
+            let mut yv = Vector::<f32, StateVec>::zeroed();
+            #[unroll]
+            for e in 0..4 {
+                let tj = t0c + e;
+                let mut w = 0.0f32;
+                if tj >= si {
+                    let lvl = bitlen(si ^ tj);
+                    if lvl < levels {
+                        w = exp_approx(gam[tj] - gam[si]) * lam[tj * levels + lvl];
+                    }
                 }
+                let mut x = a.extract(e) * w;
+                if tj == si {
+                    // The diagonal term enters dΓ_s twice, as λ dλ (f32) and as v·dv, where the
+                    // two cancel exactly at T = 1: it is added in f32, not through the tiles.
+                    dga[si] = x;
+                    x = 0.0f32;
+                }
+                xv.insert(e, x);
+                yv.insert(e, b.extract(e) * w);
             }
-            let mut x = stage[si * lss + tj] * w;
-            if tj == si {
-                // The diagonal term enters dΓ_s twice, as λ dλ (f32) and as v·dv, where the two
-                // cancel exactly at T = 1: it is added in f32, not through the tiles.
-                dga[si] = x;
-                x = 0.0f32;
-            }
-            let hi = E::cast_from(x);
-            sa[si * ldw + tj] = hi;
-            sa_lo[si * ldw + tj] = E::cast_from(x - f32::cast_from(hi));
-            let y = stage2[si * lss + tj] * w;
-            let hi = E::cast_from(y);
-            sb[si * ldw + tj] = hi;
-            if comptime!(geo.tiled) {
-                sb_lo[si * ldw + tj] = E::cast_from(y - f32::cast_from(hi));
-            }
+            store_split::<E>(&mut sa, &mut sa_lo, xv, si * ldw + t0c, true, true);
+            store_split::<E>(&mut sb, &mut sb_lo, yv, si * ldw + t0c, geo.tiled, true);
             idx += threads;
         }
         sync_cube();
@@ -945,13 +982,13 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
             let token_level = log_c + lvi + 1;
             if lvi < own && (jg >> lvi) & 1 == 1 && token_level < levels {
                 idx = u;
-                while idx < comptime!(chunk * pt) {
-                    let i = idx / pt;
-                    let at = i * ldv + idx % pt;
-                    let x = f32::cast_from(ob[at]) * eg[i] * lam[i * levels + token_level];
-                    let hi = E::cast_from(x);
-                    sa[at] = hi;
-                    sa_lo[at] = E::cast_from(x - f32::cast_from(hi));
+                while idx < comptime!(chunk * pt / 4) {
+                    let i = (idx * 4) / pt;
+                    let at = i * ldv + (idx * 4) % pt;
+                    let x = read_input_block::<E>(&mut ob, at)
+                        * Vector::<f32, StateVec>::new(eg[i])
+                        * Vector::<f32, StateVec>::new(lam[i * levels + token_level]);
+                    store_split::<E>(&mut sa, &mut sa_lo, x, at, true, true);
                     idx += threads;
                 }
                 sync_cube();
