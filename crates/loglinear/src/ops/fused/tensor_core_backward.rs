@@ -8,7 +8,9 @@
 //! `dλ` and `dv` — enter the tiles split in two, `x = hi + lo` with both parts in the input
 //! dtype: two products instead of one and ≈ 16 mantissa bits instead of 8. With one rounding,
 //! `dg` — a reverse cumulative sum of the differences `λ·dλ − v·dv` — lost 2 % of its largest
-//! entry at T = 4096 and did not cancel at T = 1 (measured on the H200). `dq` and `dk` do not
+//! entry at T = 4096 and did not cancel at T = 1 (measured on the H200); with only the anticausal
+//! updates' operand rounded once, `dg` went from 4.3e-5 to 1.5e-2 of its largest entry at
+//! T = 32,768 (v41z, bench/RESULTS.md session 44). `dq` and `dk` do not
 //! enter `dg`, so with one value tile their weights and `dk`'s level reads take one rounding, as
 //! the forward's do; when the value width is tiled (`Geometry::tiled`) they are sums of per-tile
 //! partials whose cancellation amplifies that rounding (1.3e-2 of the largest `dq` entry at
@@ -294,7 +296,7 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
         // Key-decayed values kd ⊙ V, split. The elementwise operands of the products are built
         // four columns a trip (`pt` and `C` are multiples of 16): one 8-byte or 16-byte read,
         // paired conversions and vector stores, where element by element each value took its
-        // own conversions and 16-bit stores (v43: −1.9 % of the backward, bench/RESULTS.md
+        // own conversions and 16-bit stores (v43: −2.0 % of the backward, bench/RESULTS.md
         // session 44; the same values).
         let mut idx = u;
         while idx < comptime!(chunk * pt / 4) {
