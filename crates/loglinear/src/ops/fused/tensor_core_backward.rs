@@ -202,6 +202,11 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
     #[define(E, G, O)] _dtypes: [ElemType; 3],
 ) {
     let (chunk, nk, pt) = comptime!((geo.chunk, geo.nk, geo.pt));
+    // The elementwise product operands are built four columns a trip (`store_split`).
+    comptime!(assert!(
+        pt.is_multiple_of(4) && chunk.is_multiple_of(4),
+        "tensor-core backward: value tile and chunk must be multiples of 4"
+    ));
     let (levels, nlev) = comptime!((geo.levels, geo.nlev));
     let (threads, planes) = comptime!((geo.threads, geo.threads / 32));
     // The dq weights: split in two only when the value width is tiled (`Geometry::tiled`).
@@ -294,10 +299,9 @@ pub fn causal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
             chunk, levels, threads, true,
         );
         // Key-decayed values kd ⊙ V, split. The elementwise operands of the products are built
-        // four columns a trip (`pt` and `C` are multiples of 16): one 8-byte or 16-byte read,
-        // paired conversions and vector stores, where element by element each value took its
-        // own conversions and 16-bit stores (v43: −2.0 % of the backward, bench/RESULTS.md
-        // session 44; the same values).
+        // four columns a trip: one 8-byte or 16-byte read, paired conversions and vector stores,
+        // where element by element each value took its own conversions and 16-bit stores (v43:
+        // −2.0 % of the backward, bench/RESULTS.md session 44; the same values).
         let mut idx = u;
         while idx < comptime!(chunk * pt / 4) {
             let i = (idx * 4) / pt;
@@ -650,6 +654,11 @@ pub fn anticausal_backward_tc_kernel<E: Float, G: Float, O: Float, N: Size>(
     #[define(E, G, O)] _dtypes: [ElemType; 3],
 ) {
     let (chunk, nk, pt) = comptime!((geo.chunk, geo.nk, geo.pt));
+    // The elementwise product operands are built four columns a trip (`store_split`).
+    comptime!(assert!(
+        pt.is_multiple_of(4) && chunk.is_multiple_of(4),
+        "tensor-core backward: value tile and chunk must be multiples of 4"
+    ));
     let (levels, nlev) = comptime!((geo.levels, geo.nlev));
     let (threads, planes) = comptime!((geo.threads, geo.threads / 32));
     // The dk weights and dk's level reads: split in two only when the value width is tiled
