@@ -6,7 +6,7 @@
 #   bin-gpu/v40/loglinear.xz  v40: `scripts/build-gpu.sh` in a worktree at 28d8a52 (session 43's
 #       HEAD), its bin-gpu/loglinear.xz copied here (session 43's experiment binary, 28d8a52 +
 #       v41-experiment.diff, is v40 with its switches unset and serves as well).
-# Two switches, both in the tensor-core backward, values bitwise v43's:
+# Two switches, both in the tensor-core backward, v43's arithmetic in another order of access:
 #   LOGLINEAR_EXPERIMENT_ANTI_VEC=1  (v45x) the anticausal kernel's dv and dk accumulators in
 #       blocks of four consecutive values a unit: 16-byte reads of the staged products, one
 #       four-value store of dv and of dk per block (session 43's profile: dv/dk stores 5.2 %,
