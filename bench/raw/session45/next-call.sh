@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # For the next GPU session (written in session 45, which got no machine). Carry bin-gpu/ with
-# bin-gpu/loglinear.xz and bin-gpu/tests/kernels.xz built from `v47-experiment.diff` (here) on
-# session 45's HEAD: v43 + five switches, each off by default (unset: v43's kernels):
+# bin-gpu/loglinear.xz and bin-gpu/tests/kernels.xz built from `v48-experiment.diff` (here) on
+# session 45's HEAD: v43 + six switches, each off by default (unset: v43's kernels):
 #   LOGLINEAR_EXPERIMENT_ANTI_VEC=1   (v45x) anticausal backward: dv/dk accumulators in blocks of
 #       four values a unit, 16-byte reads of the staged products, four-value stores
 #   LOGLINEAR_EXPERIMENT_Q_BLOCKS=1   (v45y) causal backward: the row epilogue reads q four at a time
@@ -13,11 +13,15 @@
 #   LOGLINEAR_EXPERIMENT_FRAG_LEVELS=1 (v47x) forward: carry and level planes in the tensor
 #       cores' accumulator order; the key state accumulates into the decayed carry (no f32
 #       staging of Kᵀ (kd ⊙ V), one barrier fewer a chunk)
-# Order: the tensor-core and half-precision kernel tests with all five (the backward keeps only
-# the inputs, so a wrong output `o` points at v46x/v47x, a wrong gradient alone at the backward
-# switches); then `bench op` at T = 2048: v43, each switch alone but v47x, v46x + v47x, all five,
-# v43 again. ≈ 90 + 8 × 50 s. v47x is run only with v46x: alone ptxas gives the forward 153
-# registers at T = 2048 (one cube per multiprocessor), with v46x 128 as v43. LIMIT: seconds.
+#   LOGLINEAR_EXPERIMENT_LEVEL_BUFFERS=1 (v48x, only with v46x and v47x) forward: levels read into
+#       two shared buffers in turn (the second in the space the key state's staging left), one
+#       barrier a level read instead of two
+# Order: the tensor-core and half-precision kernel tests with all six (the backward keeps only
+# the inputs, so a wrong output `o` points at v46x/v47x/v48x, a wrong gradient alone at the
+# backward switches); then `bench op` at T = 2048: v43, v46x, v46x + v47x, v46x + v47x + v48x,
+# v45x, v45y, v46y, all six, v43 again. ≈ 90 + 9 × 50 s. v47x is run only with v46x: alone
+# ptxas gives the forward 153 registers at T = 2048 (one cube per multiprocessor), with v46x
+# 128 as v43. LIMIT: seconds.
 set -u
 export CUDA_PATH=/usr/local/cuda
 export LD_LIBRARY_PATH=$CUDA_PATH/lib64:${LD_LIBRARY_PATH:-}
@@ -30,9 +34,10 @@ Y=LOGLINEAR_EXPERIMENT_Q_BLOCKS=1
 S=LOGLINEAR_EXPERIMENT_SCORE_REGS=1
 B=LOGLINEAR_EXPERIMENT_BWD_SCORE_REGS=1
 F=LOGLINEAR_EXPERIMENT_FRAG_LEVELS=1
-env $X $Y $S $B $F OUT=/tmp/t-tests timeout 130 scripts/gpu-test.sh \
+W=LOGLINEAR_EXPERIMENT_LEVEL_BUFFERS=1
+env $X $Y $S $B $F $W OUT=/tmp/t-tests timeout 130 scripts/gpu-test.sh \
   tensor_core_kernels_match fused_takes_half_precision --nocapture > $OUT/tests.txt 2>&1
-echo "tests (all five switches) rc=$? ($SECONDS s)" | tee -a $OUT/summary.txt
+echo "tests (all six switches) rc=$? ($SECONDS s)" | tee -a $OUT/summary.txt
 grep -E "^test |test result|panicked|FAILED" $OUT/tests.txt | head -30 | tee -a $OUT/summary.txt
 bench() { # label, t, env...
   local label=$1 t=$2; shift 2
@@ -41,10 +46,11 @@ bench() { # label, t, env...
 bench v43 2048 Z=1
 bench v46x 2048 $S
 bench v46x+v47x 2048 $S $F
+bench v46x+v47x+v48x 2048 $S $F $W
 bench v45x 2048 $X
 bench v45y 2048 $Y
 bench v46y 2048 $B
-bench all 2048 $X $Y $S $B $F
+bench all 2048 $X $Y $S $B $F $W
 bench v43-again 2048 Z=1
 grep -E "^==|^\| fused|correctness|rror" $OUT/op.txt | tee -a $OUT/summary.txt
 echo "done ($SECONDS s)" | tee -a $OUT/summary.txt
