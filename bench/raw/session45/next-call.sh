@@ -13,15 +13,20 @@
 #   LOGLINEAR_EXPERIMENT_FRAG_LEVELS=1 (v47x) forward: carry and level planes in the tensor
 #       cores' accumulator order; the key state accumulates into the decayed carry (no f32
 #       staging of Kᵀ (kd ⊙ V), one barrier fewer a chunk)
+#   LOGLINEAR_EXPERIMENT_FWD_PT=32 (not a kernel change) caps the tensor-core forward's value tile
+#       at 32 columns in the planner
 #   LOGLINEAR_EXPERIMENT_LEVEL_BUFFERS=1 (v48x, only with v46x and v47x) forward: levels read into
 #       two shared buffers in turn (the second in the space the key state's staging left), one
 #       barrier a level read instead of two
 # Order: the tensor-core and half-precision kernel tests with all six (the backward keeps only
 # the inputs, so a wrong output `o` points at v46x/v47x/v48x, a wrong gradient alone at the
 # backward switches); then `bench op` at T = 2048: v43, v46x, v46x + v47x, v46x + v47x + v48x,
-# v45x, v45y, v46y, all six, v43 again. ≈ 90 + 9 × 50 s. v47x is run only with v46x: alone
-# ptxas gives the forward 153 registers at T = 2048 (one cube per multiprocessor), with v46x
-# 128 as v43. LIMIT: seconds.
+# v46x + v47x with the forward's value tile capped at 32 columns (LOGLINEAR_EXPERIMENT_FWD_PT=32:
+# 6,144 cubes of ≈ 72 KB and, with v46x + v47x, few enough registers for three a
+# multiprocessor), v46y, all six, v43 again, then v45x and v45y as time allows (≈ 90 + 10 × 50 s:
+# the last may not fit; next-call-2.sh can take them). v47x is run only with v46x: alone ptxas
+# gives the forward 153 registers at T = 2048 (one cube per multiprocessor), with v46x 128 as
+# v43. LIMIT: seconds.
 set -u
 export CUDA_PATH=/usr/local/cuda
 export LD_LIBRARY_PATH=$CUDA_PATH/lib64:${LD_LIBRARY_PATH:-}
@@ -47,10 +52,11 @@ bench v43 2048 Z=1
 bench v46x 2048 $S
 bench v46x+v47x 2048 $S $F
 bench v46x+v47x+v48x 2048 $S $F $W
-bench v45x 2048 $X
-bench v45y 2048 $Y
+bench v46x+v47x-pt32 2048 $S $F LOGLINEAR_EXPERIMENT_FWD_PT=32
 bench v46y 2048 $B
 bench all 2048 $X $Y $S $B $F $W
 bench v43-again 2048 Z=1
+bench v45x 2048 $X
+bench v45y 2048 $Y
 grep -E "^==|^\| fused|correctness|rror" $OUT/op.txt | tee -a $OUT/summary.txt
 echo "done ($SECONDS s)" | tee -a $OUT/summary.txt
